@@ -1,0 +1,230 @@
+"""Validation and normalisation of block-id rows.
+
+Every builder accepts ``rows`` as a sequence of rows, each row a list or tuple of integers, a 1-D
+NumPy integer array or a 1-D integer tensor; a 2-D integer array or tensor is a table of equal rows.
+:func:`id_rows` checks all of it before anything is written and returns the ids as one flat array.
+
+Errors, per row in row order (the first failing row wins; within a row, in this order):
+
+- ring rows only: an empty row, then a row longer than ``max_blocks``;
+- paged rows only: a row longer than ``max_blocks`` (upstream's message);
+- a row that is not a sequence of ids, an id that is not an integer (``bool`` and ``float``
+  included): ``TypeError`` naming the row;
+- a negative id: upstream's ``ValueError("block IDs must not be negative")``;
+- an id above ``2**31 - 1``: ``ValueError`` naming the row and the id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+INT32_MAX = 2**31 - 1
+"""Largest block id a table can hold (the tables are int32)."""
+
+NEGATIVE_ID_MESSAGE = "block IDs must not be negative"
+
+Kind = Literal["ring", "paged"]
+
+_LIST_TYPES = frozenset({list, tuple})
+
+
+@dataclass(frozen=True)
+class IdRows:
+    """Validated rows: ``values`` holds every id, row after row; ``lengths[r]`` is row r's length.
+
+    ``values`` is 1-D with an integer dtype and every id in ``[0, INT32_MAX]``. It may be a view
+    of the caller's array: read it, never write it. ``width`` is the length all rows share, or
+    ``None`` when they differ (or there are none).
+    """
+
+    values: npt.NDArray[np.integer[Any]]
+    lengths: list[int]
+
+    @property
+    def width(self) -> int | None:
+        lengths = self.lengths
+        if lengths and min(lengths) == max(lengths):
+            return lengths[0]
+        return None
+
+    @property
+    def offsets(self) -> list[int]:
+        """``R + 1`` offsets: row r is ``values[offsets[r]:offsets[r + 1]]``."""
+        return [0, *itertools.accumulate(self.lengths)]
+
+
+def check_max_blocks(max_blocks: int) -> int:
+    """Return ``max_blocks`` as an int; upstream's ``ValueError`` when it is not positive."""
+    if isinstance(max_blocks, (bool, np.bool_)):
+        raise TypeError(f"max_blocks must be an integer, got {max_blocks!r}")
+    try:
+        value = operator.index(max_blocks)
+    except TypeError:
+        raise TypeError(f"max_blocks must be an integer, got {max_blocks!r}") from None
+    if value <= 0:
+        raise ValueError("max_blocks must be positive")
+    return value
+
+
+def id_rows(rows: Any, max_blocks: int, kind: Kind) -> IdRows:
+    """Validate ``rows`` for a ``kind`` table of width ``max_blocks``; see the module docstring."""
+    if isinstance(rows, (np.ndarray, torch.Tensor)) and rows.ndim == 2:
+        if _has_integer_dtype(rows):
+            table = _as_numpy(rows)
+            if _table_is_valid(table, max_blocks, kind):
+                count, width = table.shape
+                return IdRows(table.reshape(-1), [width] * count)
+        return _id_rows_by_row(list(rows), max_blocks, kind)
+    if not isinstance(rows, (list, tuple)):
+        is_table = isinstance(rows, (np.ndarray, torch.Tensor)) and rows.ndim > 0
+        if not is_table and (isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence)):
+            raise TypeError(f"rows must be a sequence of block-id rows, got {type(rows).__name__}")
+        rows = list(rows)
+    if set(map(type, rows)) <= _LIST_TYPES:
+        fast = _lists_fast(rows, max_blocks, kind)
+        if fast is not None:
+            return fast
+    return _id_rows_by_row(rows, max_blocks, kind)
+
+
+def _table_is_valid(table: npt.NDArray[Any], max_blocks: int, kind: Kind) -> bool:
+    count, width = table.shape
+    if count == 0:
+        return True
+    if width > max_blocks or (kind == "ring" and width == 0):
+        return False
+    return table.size == 0 or (int(table.min()) >= 0 and int(table.max()) <= INT32_MAX)
+
+
+def _lists_fast(rows: Sequence[Sequence[Any]], max_blocks: int, kind: Kind) -> IdRows | None:
+    """All rows are lists or tuples of ints: convert them in one NumPy call.
+
+    Returns ``None`` when anything looks wrong (or merely suspicious), so that the row-by-row path
+    decides, and raises, in row order.
+    """
+    lengths = list(map(len, rows))
+    if not lengths:
+        return IdRows(np.empty(0, dtype=np.int64), lengths)
+    longest, shortest = max(lengths), min(lengths)
+    if longest > max_blocks or (kind == "ring" and shortest == 0):
+        return None
+    uniform = longest == shortest
+    try:
+        # Equal rows convert as one 2-D array; ragged ones through a flat list of all ids.
+        values = np.array(rows if uniform else list(itertools.chain.from_iterable(rows)))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if values.size == 0:
+        return IdRows(np.empty(0, dtype=np.int64), lengths)
+    if values.ndim != (2 if uniform else 1) or values.dtype.kind not in "iu":
+        return None
+    values = values.reshape(-1)
+    smallest = int(values.min())
+    if smallest < 0 or int(values.max()) > INT32_MAX:
+        return None
+    # NumPy turns bools mixed with ints into 0 and 1: only rows holding a 0 or 1 can hide one.
+    if smallest <= 1:
+        row_of = np.repeat(np.arange(len(rows)), lengths)
+        for r in np.unique(row_of[values <= 1]).tolist():
+            if not all(map(_is_integer_id, rows[r])):
+                return None
+    return IdRows(values, lengths)
+
+
+def _id_rows_by_row(rows: Sequence[Any], max_blocks: int, kind: Kind) -> IdRows:
+    arrays = [_row_values(r, row, max_blocks, kind) for r, row in enumerate(rows)]
+    lengths = list(map(len, arrays))
+    values = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
+    return IdRows(values, lengths)
+
+
+def _label(kind: Kind) -> str:
+    return "ring block-table" if kind == "ring" else "block-table"
+
+
+def _row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[Any]:
+    """Validate one row exactly and return it as a 1-D integer array."""
+    label = _label(kind)
+    if isinstance(row, (np.ndarray, torch.Tensor)):
+        if row.ndim != 1:
+            shape = tuple(row.shape)
+            raise ValueError(f"{label} row {r} must be one-dimensional, got shape {shape}")
+        _check_length(r, len(row), max_blocks, kind)
+        if not _has_integer_dtype(row):
+            raise TypeError(f"{label} row {r} has dtype {row.dtype}; block IDs must be integers")
+        array = _as_numpy(row)
+        if array.size:
+            if int(array.min()) < 0:
+                raise ValueError(NEGATIVE_ID_MESSAGE)
+            if int(array.max()) > INT32_MAX:
+                _raise_above_int32(r, int(array[array > INT32_MAX][0]), kind)
+        return array
+    if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
+        name = type(row).__name__
+        raise TypeError(f"{label} row {r} must be a sequence of block IDs, got {name}")
+    _check_length(r, len(row), max_blocks, kind)
+    for x in row:
+        if not _is_integer_id(x):
+            name = type(x).__name__
+            raise TypeError(
+                f"{label} row {r} holds {x!r} of type {name}; block IDs must be integers"
+            )
+    ints = [operator.index(x) for x in row]
+    if any(x < 0 for x in ints):
+        raise ValueError(NEGATIVE_ID_MESSAGE)
+    for x in ints:
+        if x > INT32_MAX:
+            _raise_above_int32(r, x, kind)
+    return np.array(ints, dtype=np.int64)
+
+
+def _check_length(r: int, n: int, max_blocks: int, kind: Kind) -> None:
+    if kind == "ring":
+        if n == 0:
+            raise ValueError(f"ring block-table row {r} has no allocated blocks")
+        if n > max_blocks:
+            raise ValueError(f"ring block-table row {r} has {n} blocks, maximum is {max_blocks}")
+    elif n > max_blocks:
+        raise ValueError(f"row {r} has {n} blocks, maximum is {max_blocks}")
+
+
+def _raise_above_int32(r: int, value: int, kind: Kind) -> None:
+    raise ValueError(f"{_label(kind)} row {r} holds block ID {value}, maximum is {INT32_MAX}")
+
+
+def _is_integer_id(x: object) -> bool:
+    """Python and NumPy integers, and 0-d integer arrays or tensors; never bools."""
+    if isinstance(x, (bool, np.bool_)):
+        return False
+    if isinstance(x, (int, np.integer)):
+        return True
+    if isinstance(x, (np.ndarray, torch.Tensor)) and x.ndim == 0:
+        return _has_integer_dtype(x)
+    return False
+
+
+_TORCH_INTEGER_DTYPES = frozenset(
+    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+    | {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
+)
+
+
+def _has_integer_dtype(array: npt.NDArray[Any] | torch.Tensor) -> bool:
+    if isinstance(array, torch.Tensor):
+        return array.dtype in _TORCH_INTEGER_DTYPES
+    return array.dtype.kind in "iu"
+
+
+def _as_numpy(array: npt.NDArray[Any] | torch.Tensor) -> npt.NDArray[Any]:
+    """A NumPy view of a CPU integer tensor (a host copy of a device one); arrays pass through."""
+    if isinstance(array, torch.Tensor):
+        return array.detach().cpu().numpy()
+    return array

@@ -1,0 +1,92 @@
+"""Hypothesis strategies for block-id rows and tables: property tests for blockprep and its users.
+
+Needs ``hypothesis`` (the ``test`` extra). Example::
+
+    from hypothesis import given
+    from blockprep.testing import ring_tables
+
+    @given(ring_tables())
+    def test_my_ring_builder(table):
+        rows, max_blocks = table
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from blockprep.ids import INT32_MAX
+
+CONTAINERS = (
+    "list",
+    "tuple",
+    "numpy-int64",
+    "numpy-int32",
+    "numpy-uint32",
+    "torch-int64",
+    "torch-int32",
+)
+"""The row containers :func:`as_container` produces: every kind of row the builders accept."""
+
+
+def block_ids(*, max_id: int = INT32_MAX) -> st.SearchStrategy[int]:
+    """Valid block ids in ``[0, max_id]``, weighted towards small ids and the edges."""
+    return st.one_of(
+        st.integers(0, min(max_id, 1024)),
+        st.integers(0, max_id),
+        st.sampled_from(sorted({0, 1, max_id})),
+    )
+
+
+def block_id_rows(
+    *, min_size: int = 0, max_size: int = 64, max_id: int = INT32_MAX, unique: bool = False
+) -> st.SearchStrategy[list[int]]:
+    """One row of block ids as a list of ints, ``min_size..max_size`` long."""
+    return st.lists(block_ids(max_id=max_id), min_size=min_size, max_size=max_size, unique=unique)
+
+
+def as_container(ids: Sequence[int], container: str) -> Any:
+    """``ids`` as one of :data:`CONTAINERS` (a list, a tuple, a NumPy array or a tensor)."""
+    if container == "list":
+        return list(ids)
+    if container == "tuple":
+        return tuple(ids)
+    kind, dtype = container.split("-")
+    if kind == "numpy":
+        return np.array(ids, dtype=dtype)
+    return torch.tensor(list(ids), dtype=getattr(torch, dtype))
+
+
+@st.composite
+def in_containers(draw: st.DrawFn, rows: Sequence[Sequence[int]]) -> list[Any]:
+    """Each row of ``rows`` in a container drawn from :data:`CONTAINERS`."""
+    return [as_container(row, draw(st.sampled_from(CONTAINERS))) for row in rows]
+
+
+@st.composite
+def ring_tables(
+    draw: st.DrawFn, *, max_rows: int = 8, max_width: int = 300, max_id: int = INT32_MAX
+) -> tuple[list[list[int]], int]:
+    """``(rows, max_blocks)`` for a valid ring table: every row holds ``1..max_blocks`` ids."""
+    max_blocks = draw(st.integers(1, max_width))
+    ring = st.integers(1, max_blocks) | st.sampled_from([1, max_blocks])
+    lengths = draw(st.lists(ring, max_size=max_rows))
+    rows = [draw(block_id_rows(min_size=n, max_size=n, max_id=max_id)) for n in lengths]
+    return rows, max_blocks
+
+
+@st.composite
+def paged_tables(
+    draw: st.DrawFn, *, max_rows: int = 8, max_width: int = 300, max_id: int = INT32_MAX
+) -> tuple[list[list[int]], int]:
+    """``(rows, max_blocks)`` for a valid paged table: every row holds ``0..max_blocks`` ids."""
+    max_blocks = draw(st.integers(1, max_width))
+    size = st.integers(0, max_blocks) | st.sampled_from([0, max_blocks])
+    lengths = draw(st.lists(size, max_size=max_rows))
+    rows = [draw(block_id_rows(min_size=n, max_size=n, max_id=max_id)) for n in lengths]
+    return rows, max_blocks
