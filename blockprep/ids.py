@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -85,8 +85,8 @@ def id_rows(rows: Any, max_blocks: int, kind: Kind) -> IdRows:
         return _id_rows_by_row(list(rows), max_blocks, kind)
     if not isinstance(rows, (list, tuple)):
         is_table = isinstance(rows, (np.ndarray, torch.Tensor)) and rows.ndim > 0
-        if not is_table and (isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence)):
-            raise TypeError(f"rows must be a sequence of block-id rows, got {type(rows).__name__}")
+        if not is_table and (isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable)):
+            raise TypeError(f"rows must be an iterable of block-id rows, got {type(rows).__name__}")
         rows = list(rows)
     if set(map(type, rows)) <= _LIST_TYPES:
         fast = _lists_fast(rows, max_blocks, kind)

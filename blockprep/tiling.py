@@ -33,9 +33,12 @@ def tiling_index(max_blocks: int, n: int) -> npt.NDArray[np.intp]:
     """The tiling index ``arange(max_blocks) % n``: read-only ``intp [max_blocks]``, shared.
 
     Cached per ``(max_blocks, n)`` in a bounded LRU cache that is safe to use from many threads.
-    Entries are never written: writing into one raises ``ValueError`` (NumPy's read-only flag).
+    Entries are never written: writing into one, or making it writeable, raises ``ValueError``.
     """
-    index = np.arange(max_blocks, dtype=np.intp) % n
+    base = np.arange(max_blocks, dtype=np.intp) % n
+    base.flags.writeable = False
+    # A read-only view of a read-only base: its writeable flag cannot be turned back on.
+    index = base.view()
     index.flags.writeable = False
     return index
 
