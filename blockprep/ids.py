@@ -40,12 +40,12 @@ _LIST_TYPES = frozenset({list, tuple})
 class IdRows:
     """Validated rows: ``values`` holds every id, row after row; ``lengths[r]`` is row r's length.
 
-    ``values`` is 1-D with an integer dtype and every id in ``[0, INT32_MAX]``. It may be a view
+    ``values`` is 1-D int32, every id in ``[0, INT32_MAX]``. It may be a view
     of the caller's array: read it, never write it. ``width`` is the length all rows share, or
     ``None`` when they differ (or there are none).
     """
 
-    values: npt.NDArray[np.integer[Any]]
+    values: npt.NDArray[np.int32]
     lengths: list[int]
 
     @property
@@ -81,7 +81,7 @@ def id_rows(rows: Any, max_blocks: int, kind: Kind) -> IdRows:
             table = _as_numpy(rows)
             if _table_is_valid(table, max_blocks, kind):
                 count, width = table.shape
-                return IdRows(table.reshape(-1), [width] * count)
+                return IdRows(_int32(table.reshape(-1)), [width] * count)
         return _id_rows_by_row(list(rows), max_blocks, kind)
     if not isinstance(rows, (list, tuple)):
         is_table = isinstance(rows, (np.ndarray, torch.Tensor)) and rows.ndim > 0
@@ -112,7 +112,7 @@ def _lists_fast(rows: Sequence[Sequence[Any]], max_blocks: int, kind: Kind) -> I
     """
     lengths = list(map(len, rows))
     if not lengths:
-        return IdRows(np.empty(0, dtype=np.int64), lengths)
+        return IdRows(np.empty(0, dtype=np.int32), lengths)
     longest, shortest = max(lengths), min(lengths)
     if longest > max_blocks or (kind == "ring" and shortest == 0):
         return None
@@ -123,7 +123,7 @@ def _lists_fast(rows: Sequence[Sequence[Any]], max_blocks: int, kind: Kind) -> I
     except (TypeError, ValueError, OverflowError):
         return None
     if values.size == 0:
-        return IdRows(np.empty(0, dtype=np.int64), lengths)
+        return IdRows(np.empty(0, dtype=np.int32), lengths)
     if values.ndim != (2 if uniform else 1) or values.dtype.kind not in "iu":
         return None
     values = values.reshape(-1)
@@ -136,14 +136,19 @@ def _lists_fast(rows: Sequence[Sequence[Any]], max_blocks: int, kind: Kind) -> I
         for r in np.unique(row_of[values <= 1]).tolist():
             if not all(map(_is_integer_id, rows[r])):
                 return None
-    return IdRows(values, lengths)
+    return IdRows(_int32(values), lengths)
 
 
 def _id_rows_by_row(rows: Sequence[Any], max_blocks: int, kind: Kind) -> IdRows:
     arrays = [_row_values(r, row, max_blocks, kind) for r, row in enumerate(rows)]
     lengths = list(map(len, arrays))
-    values = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int64)
-    return IdRows(values, lengths)
+    values = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int32)
+    return IdRows(_int32(values), lengths)
+
+
+def _int32(values: npt.NDArray[Any]) -> npt.NDArray[np.int32]:
+    """Validated ids as int32 (no copy when they already are)."""
+    return values.astype(np.int32, copy=False)
 
 
 def _label(kind: Kind) -> str:

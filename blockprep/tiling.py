@@ -38,7 +38,7 @@ def tiling_index(max_blocks: int, n: int) -> npt.NDArray[np.intp]:
     base = np.arange(max_blocks, dtype=np.intp) % n
     base.flags.writeable = False
     # A read-only view of a read-only base: its writeable flag cannot be turned back on.
-    index = base.view()
+    index: npt.NDArray[np.intp] = base.view()
     index.flags.writeable = False
     return index
 
