@@ -4,9 +4,18 @@ Block tables, slot mappings, sequence lengths and padded token buffers, written 
 persistent buffers that a compiled decode program reads.
 """
 
+from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError
 from blockprep.builders import paged_block_table, ring_block_table
 from blockprep.ids import INT32_MAX
 from blockprep.tiling import tiling_index
 
-__all__ = ["INT32_MAX", "paged_block_table", "ring_block_table", "tiling_index"]
+__all__ = [
+    "INT32_MAX",
+    "BlockTable",
+    "BlockTableStats",
+    "StaleRowError",
+    "paged_block_table",
+    "ring_block_table",
+    "tiling_index",
+]
 __version__ = "0.1.0"

@@ -140,7 +140,7 @@ def _lists_fast(rows: Sequence[Sequence[Any]], max_blocks: int, kind: Kind) -> I
 
 
 def _id_rows_by_row(rows: Sequence[Any], max_blocks: int, kind: Kind) -> IdRows:
-    arrays = [_row_values(r, row, max_blocks, kind) for r, row in enumerate(rows)]
+    arrays = [row_values(r, row, max_blocks, kind) for r, row in enumerate(rows)]
     lengths = list(map(len, arrays))
     values = np.concatenate(arrays) if arrays else np.empty(0, dtype=np.int32)
     return IdRows(_int32(values), lengths)
@@ -155,14 +155,14 @@ def _label(kind: Kind) -> str:
     return "ring block-table" if kind == "ring" else "block-table"
 
 
-def _row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[Any]:
+def row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[Any]:
     """Validate one row exactly and return it as a 1-D integer array."""
     label = _label(kind)
     if isinstance(row, (np.ndarray, torch.Tensor)):
         if row.ndim != 1:
             shape = tuple(row.shape)
             raise ValueError(f"{label} row {r} must be one-dimensional, got shape {shape}")
-        _check_length(r, len(row), max_blocks, kind)
+        check_length(r, len(row), max_blocks, kind)
         if not _has_integer_dtype(row):
             raise TypeError(f"{label} row {r} has dtype {row.dtype}; block IDs must be integers")
         array = _as_numpy(row)
@@ -175,23 +175,48 @@ def _row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[An
     if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
         name = type(row).__name__
         raise TypeError(f"{label} row {r} must be a sequence of block IDs, got {name}")
-    _check_length(r, len(row), max_blocks, kind)
-    for x in row:
+    check_length(r, len(row), max_blocks, kind)
+    return checked_ids(r, row, kind)
+
+
+def checked_ids(r: int, ids: Iterable[Any], kind: Kind) -> npt.NDArray[np.int32]:
+    """Type and range checks of row r's ``ids`` (the caller checks the row's length).
+
+    Returns them as int32; raises the module's ``TypeError`` or ``ValueError`` otherwise.
+    """
+    ints = []
+    for x in ids:
         if not _is_integer_id(x):
             name = type(x).__name__
             raise TypeError(
-                f"{label} row {r} holds {x!r} of type {name}; block IDs must be integers"
+                f"{_label(kind)} row {r} holds {x!r} of type {name}; block IDs must be integers"
             )
-    ints = [operator.index(x) for x in row]
+        ints.append(operator.index(x))
     if any(x < 0 for x in ints):
         raise ValueError(NEGATIVE_ID_MESSAGE)
     for x in ints:
         if x > INT32_MAX:
             _raise_above_int32(r, x, kind)
-    return np.array(ints, dtype=np.int64)
+    return np.array(ints, dtype=np.int32)
 
 
-def _check_length(r: int, n: int, max_blocks: int, kind: Kind) -> None:
+def id_list(ids: object) -> list[Any] | None:
+    """``ids`` as a list, for comparing with a cached row by value; ``None`` if not a valid row.
+
+    Lists come back as they are (no copy), tuples copied, 1-D integer arrays and tensors through
+    ``tolist()``. A float or bool array gives ``None``, so that it never equals a cached row.
+    """
+    if isinstance(ids, list):
+        return ids
+    if isinstance(ids, tuple):
+        return list(ids)
+    if isinstance(ids, (np.ndarray, torch.Tensor)) and ids.ndim == 1 and _has_integer_dtype(ids):
+        values: list[Any] = ids.tolist()
+        return values
+    return None
+
+
+def check_length(r: int, n: int, max_blocks: int, kind: Kind) -> None:
     if kind == "ring":
         if n == 0:
             raise ValueError(f"ring block-table row {r} has no allocated blocks")

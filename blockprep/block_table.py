@@ -1,0 +1,486 @@
+"""BlockTable: a persistent block table that writes only what changed and never serves a stale row.
+
+A decode program reads its block table from one buffer whose address it captured. Between two
+steps almost nothing in it changes: a paged row gains a page every 128 tokens, a ring row rotates
+one slot every 4-8 tokens. ``BlockTable`` owns (or adopts) that buffer and keeps, per row, a copy
+of the ids the row holds. A write compares the new ids with that copy before anything else (one list
+comparison, no tensor view) and writes only the cells that differ:
+
+- a paged row that grew writes only its new columns; one that shrank resets only its old tail;
+- a ring row of the same length whose ids differ in k slots writes only the columns ``j`` with
+  ``j % n`` in those slots (about ``k * max_blocks / n`` cells);
+- anything else (a new ring length, a row whose content is unknown) rewrites the row.
+
+Rows hold what :func:`blockprep.paged_block_table` (``pad`` after the ids) or
+:func:`blockprep.ring_block_table` would build; a cleared row is all ``pad`` for both kinds. A table
+that allocates its buffer starts with every row cleared; an adopted buffer's rows are unknown until
+written. Not thread-safe: one writer at a time.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from blockprep.buffers import host_tensor
+from blockprep.ids import (
+    INT32_MAX,
+    Kind,
+    check_length,
+    check_max_blocks,
+    checked_ids,
+    id_list,
+    row_values,
+)
+from blockprep.tiling import tile_row
+
+RING_SLOT_LOOP_MAX = 4
+"""A ring write that changes at most this many slots does one strided write per slot."""
+
+_CLEARED_RING: tuple[()] = ()
+"""Cache entry of a cleared ring row: equal to no list, so every write to the row misses."""
+
+
+class StaleRowError(RuntimeError):
+    """:meth:`BlockTable.check` found a row whose buffer content differs from its cached ids."""
+
+
+@dataclass(frozen=True)
+class BlockTableStats:
+    """Counters since the table was made or :meth:`BlockTable.reset_stats` was called.
+
+    ``hits``: writes skipped because the row already held the ids; ``misses``: writes that wrote;
+    ``cells_written``: buffer cells written by every operation.
+    """
+
+    hits: int
+    misses: int
+    cells_written: int
+
+
+class BlockTable:
+    """A persistent int32 block table ``[num_rows, max_blocks]`` with a by-value row cache.
+
+    Args:
+        num_rows: rows in the table (non-negative).
+        max_blocks: columns (positive).
+        kind: ``"paged"`` (ids then ``pad``) or ``"ring"`` (``ids[j % n]`` in column j).
+        pad: int32 value after a paged row's ids and in every cell of a cleared row.
+        buffer: adopt this int32 CPU tensor, contiguous, of shape ``[num_rows, max_blocks]`` or
+            flat ``[num_rows * max_blocks]`` (upstream's compiled buffers are flat), instead of
+            allocating one. Its content is left as it is and its rows count as unknown.
+        pin_memory, share_memory: how to allocate the buffer (see
+            :func:`blockprep.buffers.host_tensor`); not with ``buffer``.
+
+    Errors: a bad id raises what :func:`blockprep.paged_block_table` or
+    :func:`blockprep.ring_block_table` would, naming the table row; a bad row index raises
+    ``IndexError`` (``TypeError`` for a non-integer). A call that raises has written nothing and
+    left the cache as it was.
+
+    A cache hit compares by value, as upstream did: ids equal to the row's cached ids (``[1.0]``
+    equals ``[1]``) are taken as those ids without another check.
+    """
+
+    def __init__(
+        self,
+        num_rows: int,
+        max_blocks: int,
+        *,
+        kind: Literal["paged", "ring"] = "paged",
+        pad: int = -1,
+        buffer: torch.Tensor | None = None,
+        pin_memory: bool = False,
+        share_memory: bool = False,
+    ) -> None:
+        if kind not in ("paged", "ring"):
+            raise ValueError(f"kind must be 'paged' or 'ring', got {kind!r}")
+        num_rows = _non_negative(num_rows, "num_rows")
+        max_blocks = check_max_blocks(max_blocks)
+        if isinstance(pad, (bool, np.bool_)) or not isinstance(pad, (int, np.integer)):
+            raise TypeError(f"pad must be an integer, got {pad!r}")
+        if not -(2**31) <= int(pad) <= INT32_MAX:
+            raise ValueError(f"pad {pad} is outside the int32 range")
+        self._num_rows = num_rows
+        self._max_blocks = max_blocks
+        self._kind: Kind = kind
+        self._pad = int(pad)
+        cleared: list[int] | tuple[()] = [] if kind == "paged" else _CLEARED_RING
+        self._cleared = cleared
+        if buffer is None:
+            self._tensor = host_tensor(
+                (num_rows, max_blocks),
+                torch.int32,
+                fill=self._pad,
+                pin_memory=pin_memory,
+                share_memory=share_memory,
+            )
+            initial: list[int] | tuple[()] | None = cleared
+        else:
+            if pin_memory or share_memory:
+                raise ValueError("pin_memory and share_memory apply only to an allocated buffer")
+            _check_buffer(buffer, num_rows, max_blocks)
+            self._tensor = buffer
+            initial = None
+        self._rows: npt.NDArray[np.int32] = (
+            self._tensor.detach().numpy().reshape(num_rows, max_blocks)
+        )
+        # Per row: a copy of the ids the row holds, the cleared marker, or None (unknown).
+        self._cached: list[Any] = [initial] * num_rows
+        self._next_slot = [0] * num_rows  # ring rows: the slot most likely to rotate next
+        self._dirty: set[int] = set()
+        self._hits = 0
+        self._misses = 0
+        self._cells = 0
+
+    # --- properties ------------------------------------------------------------------------------
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The persistent buffer: the same object, with the same ``data_ptr()``, for life."""
+        return self._tensor
+
+    def numpy(self) -> npt.NDArray[np.int32]:
+        """A ``[num_rows, max_blocks]`` NumPy view sharing the buffer's memory."""
+        return self._rows
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    @property
+    def max_blocks(self) -> int:
+        return self._max_blocks
+
+    @property
+    def kind(self) -> Kind:
+        return self._kind
+
+    @property
+    def pad(self) -> int:
+        return self._pad
+
+    @property
+    def stats(self) -> BlockTableStats:
+        return BlockTableStats(self._hits, self._misses, self._cells)
+
+    def reset_stats(self) -> None:
+        self._hits = self._misses = self._cells = 0
+
+    def cached_ids(self, row: int) -> list[int] | None:
+        """A copy of the ids row ``row`` holds (``[]`` when cleared), or ``None`` when unknown."""
+        cached = self._cached[self._row_index(row)]
+        return None if cached is None else list(cached)
+
+    # --- writes ----------------------------------------------------------------------------------
+
+    def write_row(self, row: int, ids: Sequence[int] | npt.NDArray[Any] | torch.Tensor) -> bool:
+        """Make row ``row`` hold the kind's layout of ``ids``; return whether anything was written.
+
+        ``ids``: a list, tuple, 1-D integer array or tensor. The caller may mutate it afterwards.
+        """
+        if type(row) is not int or not 0 <= row < self._num_rows:
+            row = self._row_index(row)
+        cached = self._cached[row]
+        key = ids if type(ids) is list else id_list(ids)
+        if cached is not None and _equal(key, cached):
+            self._hits += 1
+            return False
+        self._apply(row, self._plan(row, ids, key, cached))
+        return True
+
+    def write_rows(
+        self, rows_ids: Iterable[Sequence[int] | npt.NDArray[Any] | torch.Tensor], start: int = 0
+    ) -> int:
+        """Write ``rows_ids[i]`` into row ``start + i`` for each i; return how many rows changed.
+
+        All-or-nothing: every row is checked before the first one is written.
+        """
+        plans = []
+        hits = 0
+        for offset, ids in enumerate(rows_ids):
+            row = self._row_index(start + offset)
+            cached = self._cached[row]
+            key = ids if type(ids) is list else id_list(ids)
+            if cached is not None and _equal(key, cached):
+                hits += 1
+            else:
+                plans.append((row, self._plan(row, ids, key, cached)))
+        self._hits += hits
+        for row, plan in plans:
+            self._apply(row, plan)
+        return len(plans)
+
+    def copy_row(self, src: int, dst: int) -> bool:
+        """Make row ``dst`` a copy of row ``src``; return whether anything was written."""
+        return self.fill_rows(src, [dst]) == 1
+
+    def fill_rows(self, src: int, dst_rows: Iterable[int]) -> int:
+        """Copy row ``src`` into each of ``dst_rows`` (padding replication); return rows written.
+
+        A destination that already holds the source's ids is skipped, like a write cache hit.
+        """
+        src = self._row_index(src)
+        targets = [self._row_index(row) for row in dst_rows]
+        source = self._cached[src]
+        written = 0
+        for dst in targets:
+            if dst == src:
+                continue
+            if source is not None and self._cached[dst] == source:
+                self._hits += 1
+                continue
+            self._rows[dst] = self._rows[src]
+            self._cached[dst] = None if source is None else source[:]
+            self._next_slot[dst] = self._next_slot[src]
+            self._wrote(dst, self._max_blocks)
+            written += 1
+        return written
+
+    def swap_rows(self, a: int, b: int) -> bool:
+        """Exchange rows ``a`` and ``b`` (content and cache); return whether anything changed."""
+        a, b = self._row_index(a), self._row_index(b)
+        if a == b or (self._cached[a] is not None and self._cached[a] == self._cached[b]):
+            return False
+        self._rows[[a, b]] = self._rows[[b, a]]
+        self._cached[a], self._cached[b] = self._cached[b], self._cached[a]
+        self._next_slot[a], self._next_slot[b] = self._next_slot[b], self._next_slot[a]
+        self._wrote(a, self._max_blocks)
+        self._wrote(b, self._max_blocks)
+        return True
+
+    def clear_row(self, row: int) -> bool:
+        """Fill row ``row`` with ``pad``; return whether anything was written."""
+        row = self._row_index(row)
+        if self._cached[row] == self._cleared:
+            self._hits += 1
+            return False
+        cached = self._cached[row]
+        if self._kind == "paged" and cached is not None:
+            self._rows[row, : len(cached)] = self._pad
+            cells = len(cached)
+        else:
+            self._rows[row] = self._pad
+            cells = self._max_blocks
+        self._cached[row] = self._cleared
+        self._wrote(row, cells)
+        return True
+
+    def invalidate(self, row: int | None = None) -> None:
+        """Forget what ``row`` (every row when ``None``) holds: its next write rewrites it whole.
+
+        Call after anything other than this table wrote the buffer.
+        """
+        if row is None:
+            self._cached = [None] * self._num_rows
+        else:
+            self._cached[self._row_index(row)] = None
+
+    # --- inspection ------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Verify every row with known content against the buffer.
+
+        Raises:
+            StaleRowError: naming the first row and column whose cell differs from its cached ids
+                (something else wrote the buffer; :meth:`invalidate` is the remedy).
+        """
+        expected = np.empty(self._max_blocks, dtype=np.int32)
+        for row, cached in enumerate(self._cached):
+            if cached is None:
+                continue
+            self._layout(expected, cached)
+            actual = self._rows[row]
+            if not np.array_equal(actual, expected):
+                column = int(np.flatnonzero(actual != expected)[0])
+                raise StaleRowError(
+                    f"block-table row {row} column {column} holds {int(actual[column])}, but its "
+                    f"cached ids say {int(expected[column])}; call invalidate() after writing the "
+                    "buffer directly"
+                )
+
+    def take_dirty(self) -> list[int]:
+        """The rows written since the last call, ascending; the set starts empty again."""
+        dirty = sorted(self._dirty)
+        self._dirty.clear()
+        return dirty
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _row_index(self, row: object) -> int:
+        if isinstance(row, (bool, np.bool_)):
+            raise TypeError(f"block-table row index must be an integer, got {row!r}")
+        try:
+            index = operator.index(row)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"block-table row index must be an integer, got {row!r}") from None
+        if not 0 <= index < self._num_rows:
+            raise IndexError(
+                f"block-table row {index} is out of range for a table of {self._num_rows} rows"
+            )
+        return index
+
+    def _plan(self, row: int, ids: object, key: list[Any] | None, cached: Any) -> _Plan:
+        """Check ``ids`` for ``row`` and work out the cells to write; raises on bad ids."""
+        if key is None or not isinstance(cached, list):
+            return self._full_plan(row, ids)
+        check_length(row, len(key), self._max_blocks, self._kind)
+        try:
+            changes = self._changes(row, key, cached)
+        except (TypeError, ValueError):  # ids whose comparison raises are no ids: check them whole
+            return self._full_plan(row, ids)
+        if changes is None:
+            return self._full_plan(row, ids)
+        start, slots = changes
+        if slots is not None:
+            return _Plan(key, 0, slots, checked_ids(row, [key[s] for s in slots], self._kind))
+        return _Plan(key, start, None, checked_ids(row, key[start:], self._kind))
+
+    def _changes(
+        self, row: int, key: list[Any], cached: list[Any]
+    ) -> tuple[int, list[int] | None] | None:
+        """``(start, None)``: a paged row changes from column ``start`` on; ``(0, slots)``: a ring
+        row changes in ``slots``; ``None``: rewrite the row whole."""
+        if self._kind == "ring":
+            return None if len(key) != len(cached) else (0, self._changed_slots(row, key, cached))
+        old, new = len(cached), len(key)
+        if new >= old and key[:old] == cached:
+            return old, None
+        if new < old and cached[:new] == key:
+            return new, None
+        return next(i for i, (a, b) in enumerate(zip(key, cached, strict=False)) if a != b), None
+
+    def _full_plan(self, row: int, ids: object) -> _Plan:
+        values = row_values(row, ids, self._max_blocks, self._kind).astype(np.int32, copy=False)
+        return _Plan(values.tolist(), 0, None, values, full=True)
+
+    def _changed_slots(self, row: int, key: list[Any], cached: list[Any]) -> list[int]:
+        """Slots where ``key`` differs from ``cached`` (equal lengths, not equal).
+
+        Rings rotate their slots in order, so the slot after the last one that changed is tried
+        first: patch it into the cached copy and compare the whole lists once, in C.
+        """
+        slot = self._next_slot[row]
+        if slot < len(key) and key[slot] != cached[slot]:
+            saved = cached[slot]
+            cached[slot] = key[slot]
+            try:
+                if key == cached:
+                    return [slot]
+            finally:
+                cached[slot] = saved
+        return list(compress(range(len(key)), map(operator.ne, key, cached)))
+
+    def _apply(self, row: int, plan: _Plan) -> None:
+        """Write a checked plan into the buffer and the cache. Never raises."""
+        dst = self._rows[row]
+        cached = self._cached[row]
+        if plan.full:
+            if self._kind == "ring":
+                tile_row(dst, plan.values)
+            else:
+                n = len(plan.values)
+                dst[:n] = plan.values
+                dst[n:] = self._pad
+            self._cached[row] = plan.ids
+            self._next_slot[row] = 0
+            self._wrote(row, self._max_blocks)
+            return
+        if plan.slots is not None:
+            n = len(plan.ids)
+            cells = 0
+            if len(plan.slots) <= RING_SLOT_LOOP_MAX:
+                for slot, value in zip(plan.slots, plan.values.tolist(), strict=True):
+                    dst[slot::n] = value
+                    cached[slot] = value
+                    cells += len(range(slot, self._max_blocks, n))
+            else:
+                whole = self._max_blocks - self._max_blocks % n
+                slots = np.array(plan.slots)
+                dst[:whole].reshape(-1, n)[:, slots] = plan.values
+                tail = slots < self._max_blocks - whole
+                dst[whole:][slots[tail]] = plan.values[tail]
+                for slot, value in zip(plan.slots, plan.values.tolist(), strict=True):
+                    cached[slot] = value
+                    cells += len(range(slot, self._max_blocks, n))
+            self._next_slot[row] = (plan.slots[-1] + 1) % n if plan.slots else 0
+            self._wrote(row, cells)
+            return
+        start, new_length, old_length = plan.start, len(plan.ids), len(cached)
+        dst[start:new_length] = plan.values
+        if old_length > new_length:
+            dst[new_length:old_length] = self._pad
+        self._cached[row] = plan.ids[:]
+        self._wrote(row, max(new_length, old_length) - start)
+
+    def _wrote(self, row: int, cells: int) -> None:
+        self._dirty.add(row)
+        self._misses += 1
+        self._cells += cells
+
+    def _layout(self, dst: npt.NDArray[np.int32], cached: Any) -> None:
+        """The row that ``cached`` ids make, written into ``dst``."""
+        if not cached:
+            dst[...] = self._pad
+        elif self._kind == "ring":
+            tile_row(dst, np.array(cached, dtype=np.int32))
+        else:
+            dst[: len(cached)] = cached
+            dst[len(cached) :] = self._pad
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Cells one write will change, checked and ready to apply.
+
+    ``ids``: the row's new ids (the cache entry). ``values``: int32 ids to write: the whole row when
+    ``full``; else for a ring the values of ``slots``; for a paged row ``ids[start:]``.
+    """
+
+    ids: list[Any]
+    start: int
+    slots: list[int] | None
+    values: npt.NDArray[np.int32]
+    full: bool = False
+
+
+def _equal(key: list[Any] | None, cached: Any) -> bool:
+    """``key == cached``, where a comparison that raises (ids holding arrays) means unequal."""
+    try:
+        return bool(key == cached)
+    except (TypeError, ValueError):
+        return False
+
+
+def _non_negative(value: int, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"{name} must be non-negative, got {number}")
+    return number
+
+
+def _check_buffer(buffer: object, num_rows: int, max_blocks: int) -> None:
+    if not isinstance(buffer, torch.Tensor):
+        raise TypeError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.dtype != torch.int32 or buffer.device.type != "cpu":
+        raise TypeError(
+            f"buffer must be an int32 CPU tensor, got {buffer.dtype} on {buffer.device}"
+        )
+    shapes = ((num_rows, max_blocks), (num_rows * max_blocks,))
+    if tuple(buffer.shape) not in shapes:
+        raise ValueError(
+            f"buffer must have shape {shapes[0]} or {shapes[1]}, got {tuple(buffer.shape)}"
+        )
+    if not buffer.is_contiguous():
+        raise ValueError("buffer must be contiguous")
