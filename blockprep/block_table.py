@@ -23,7 +23,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -128,9 +128,8 @@ class BlockTable:
             _check_buffer(buffer, num_rows, max_blocks)
             self._tensor = buffer
             initial = None
-        self._rows: npt.NDArray[np.int32] = (
-            self._tensor.detach().numpy().reshape(num_rows, max_blocks)
-        )
+        self._flat: npt.NDArray[np.int32] = self._tensor.detach().numpy().reshape(-1)
+        self._rows = self._flat.reshape(num_rows, max_blocks)
         # Per row: a copy of the ids the row holds, the cleared marker, or None (unknown).
         self._cached: list[Any] = [initial] * num_rows
         self._next_slot = [0] * num_rows  # ring rows: the slot most likely to rotate next
@@ -187,12 +186,11 @@ class BlockTable:
         """
         if type(row) is not int or not 0 <= row < self._num_rows:
             row = self._row_index(row)
-        cached = self._cached[row]
-        key = ids if type(ids) is list else id_list(ids)
-        if cached is not None and _equal(key, cached):
+        plan = self._plan(row, ids)
+        if plan is None:
             self._hits += 1
             return False
-        self._apply(row, self._plan(row, ids, key, cached))
+        self._apply(row, plan)
         return True
 
     def write_rows(
@@ -202,17 +200,18 @@ class BlockTable:
 
         All-or-nothing: every row is checked before the first one is written.
         """
+        batch = rows_ids if isinstance(rows_ids, list) else list(rows_ids)
+        if not batch:
+            return 0
+        start = self._row_index(start)
+        if start + len(batch) > self._num_rows:
+            self._row_index(self._num_rows)  # raises, naming the first row past the end
         plans = []
-        hits = 0
-        for offset, ids in enumerate(rows_ids):
-            row = self._row_index(start + offset)
-            cached = self._cached[row]
-            key = ids if type(ids) is list else id_list(ids)
-            if cached is not None and _equal(key, cached):
-                hits += 1
-            else:
-                plans.append((row, self._plan(row, ids, key, cached)))
-        self._hits += hits
+        for row, ids in enumerate(batch, start):
+            plan = self._plan(row, ids)
+            if plan is not None:
+                plans.append((row, plan))
+        self._hits += len(batch) - len(plans)
         for row, plan in plans:
             self._apply(row, plan)
         return len(plans)
@@ -326,12 +325,16 @@ class BlockTable:
             )
         return index
 
-    def _plan(self, row: int, ids: object, key: list[Any] | None, cached: Any) -> _Plan:
-        """Check ``ids`` for ``row`` and work out the cells to write; raises on bad ids."""
+    def _plan(self, row: int, ids: object) -> _Plan | None:
+        """``None`` when ``row`` already holds ``ids`` (a cache hit: one comparison, no view);
+        else the checked cells to write. Raises on bad ids, having changed nothing."""
+        cached = self._cached[row]
+        key = ids if type(ids) is list else id_list(ids)
         if key is None or not isinstance(cached, list):
             return self._full_plan(row, ids)
-        check_length(row, len(key), self._max_blocks, self._kind)
         try:
+            if key == cached:
+                return None
             changes = self._changes(row, key, cached)
         except (TypeError, ValueError):  # ids whose comparison raises are no ids: check them whole
             return self._full_plan(row, ids)
@@ -339,8 +342,8 @@ class BlockTable:
             return self._full_plan(row, ids)
         start, slots = changes
         if slots is not None:
-            return _Plan(key, 0, slots, checked_ids(row, [key[s] for s in slots], self._kind))
-        return _Plan(key, start, None, checked_ids(row, key[start:], self._kind))
+            return _Plan(key, 0, slots, self._checked(row, [key[s] for s in slots]))
+        return _Plan(key, start, None, self._checked(row, key[start:]))
 
     def _changes(
         self, row: int, key: list[Any], cached: list[Any]
@@ -349,12 +352,21 @@ class BlockTable:
         row changes in ``slots``; ``None``: rewrite the row whole."""
         if self._kind == "ring":
             return None if len(key) != len(cached) else (0, self._changed_slots(row, key, cached))
+        check_length(row, len(key), self._max_blocks, self._kind)
         old, new = len(cached), len(key)
         if new >= old and key[:old] == cached:
             return old, None
         if new < old and cached[:new] == key:
             return new, None
         return next(i for i, (a, b) in enumerate(zip(key, cached, strict=False)) if a != b), None
+
+    def _checked(self, row: int, ids: list[Any]) -> list[int]:
+        """``ids`` (a row's new ids) as checked ints; plain in-range ints pass without a copy."""
+        for x in ids:
+            if type(x) is not int or not 0 <= x <= INT32_MAX:
+                values: list[int] = checked_ids(row, ids, self._kind).tolist()
+                return values
+        return ids
 
     def _full_plan(self, row: int, ids: object) -> _Plan:
         values = row_values(row, ids, self._max_blocks, self._kind).astype(np.int32, copy=False)
@@ -367,7 +379,7 @@ class BlockTable:
         first: patch it into the cached copy and compare the whole lists once, in C.
         """
         slot = self._next_slot[row]
-        if slot < len(key) and key[slot] != cached[slot]:
+        if key[slot] != cached[slot]:
             saved = cached[slot]
             cached[slot] = key[slot]
             try:
@@ -379,40 +391,51 @@ class BlockTable:
 
     def _apply(self, row: int, plan: _Plan) -> None:
         """Write a checked plan into the buffer and the cache. Never raises."""
-        dst = self._rows[row]
-        cached = self._cached[row]
         if plan.full:
-            if self._kind == "ring":
-                tile_row(dst, plan.values)
-            else:
-                n = len(plan.values)
-                dst[:n] = plan.values
-                dst[n:] = self._pad
-            self._cached[row] = plan.ids
-            self._next_slot[row] = 0
-            self._wrote(row, self._max_blocks)
-            return
-        if plan.slots is not None:
-            n = len(plan.ids)
-            cells = 0
-            if len(plan.slots) <= RING_SLOT_LOOP_MAX:
-                for slot, value in zip(plan.slots, plan.values.tolist(), strict=True):
-                    dst[slot::n] = value
-                    cached[slot] = value
-                    cells += len(range(slot, self._max_blocks, n))
-            else:
-                whole = self._max_blocks - self._max_blocks % n
-                slots = np.array(plan.slots)
-                dst[:whole].reshape(-1, n)[:, slots] = plan.values
-                tail = slots < self._max_blocks - whole
-                dst[whole:][slots[tail]] = plan.values[tail]
-                for slot, value in zip(plan.slots, plan.values.tolist(), strict=True):
-                    cached[slot] = value
-                    cells += len(range(slot, self._max_blocks, n))
-            self._next_slot[row] = (plan.slots[-1] + 1) % n if plan.slots else 0
-            self._wrote(row, cells)
-            return
-        start, new_length, old_length = plan.start, len(plan.ids), len(cached)
+            self._write_whole(row, plan)
+        elif plan.slots is not None:
+            self._write_slots(row, plan.ids, plan.slots, plan.values)
+        else:
+            self._write_columns(row, plan)
+
+    def _write_whole(self, row: int, plan: _Plan) -> None:
+        dst = self._rows[row]
+        if self._kind == "ring":
+            tile_row(dst, np.asarray(plan.values))
+        else:
+            n = len(plan.values)
+            dst[:n] = plan.values
+            dst[n:] = self._pad
+        self._cached[row] = plan.ids
+        self._next_slot[row] = 0
+        self._wrote(row, self._max_blocks)
+
+    def _write_slots(self, row: int, ids: list[Any], slots: list[int], values: Any) -> None:
+        """Ring row: rewrite the columns ``j`` with ``j % n`` in ``slots``, strided."""
+        n, width = len(ids), self._max_blocks
+        if len(slots) <= RING_SLOT_LOOP_MAX:
+            begin, end = row * width, (row + 1) * width
+            for slot, value in zip(slots, values, strict=True):
+                self._flat[begin + slot : end : n] = value
+        else:
+            dst = self._rows[row]
+            whole = width - width % n
+            columns, cells = np.array(slots), np.array(values, dtype=np.int32)
+            dst[:whole].reshape(-1, n)[:, columns] = cells
+            tail = columns < width - whole
+            dst[whole:][columns[tail]] = cells[tail]
+        cached = self._cached[row]
+        written = 0
+        for slot, value in zip(slots, values, strict=True):
+            cached[slot] = value
+            written += (width - 1 - slot) // n + 1
+        self._next_slot[row] = (slots[-1] + 1) % n
+        self._wrote(row, written)
+
+    def _write_columns(self, row: int, plan: _Plan) -> None:
+        """Paged row: write ``ids[start:]``, then reset what is left of the old row to ``pad``."""
+        dst = self._rows[row]
+        start, new_length, old_length = plan.start, len(plan.ids), len(self._cached[row])
         dst[start:new_length] = plan.values
         if old_length > new_length:
             dst[new_length:old_length] = self._pad
@@ -435,27 +458,18 @@ class BlockTable:
             dst[len(cached) :] = self._pad
 
 
-@dataclass(frozen=True)
-class _Plan:
+class _Plan(NamedTuple):
     """Cells one write will change, checked and ready to apply.
 
-    ``ids``: the row's new ids (the cache entry). ``values``: int32 ids to write: the whole row when
-    ``full``; else for a ring the values of ``slots``; for a paged row ``ids[start:]``.
+    ``ids``: the row's new ids (the cache entry). ``values``: the ids to write: the whole row
+    (int32) when ``full``; else for a ring the values of ``slots``; for a paged row ``ids[start:]``.
     """
 
     ids: list[Any]
     start: int
     slots: list[int] | None
-    values: npt.NDArray[np.int32]
+    values: npt.NDArray[np.int32] | list[int]
     full: bool = False
-
-
-def _equal(key: list[Any] | None, cached: Any) -> bool:
-    """``key == cached``, where a comparison that raises (ids holding arrays) means unequal."""
-    try:
-        return bool(key == cached)
-    except (TypeError, ValueError):
-        return False
 
 
 def _non_negative(value: int, name: str) -> int:
