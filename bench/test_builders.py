@@ -12,7 +12,8 @@ construction never produces a number.
 
 The "tiling constructions" groups time the ways of writing ``ids[r][j % n]`` into a NumPy int32
 destination from a prepared int64 or int32 ids array; they document the thresholds in
-:mod:`blockprep.tiling` (``GATHER_MAX_WIDTH``, ``DOUBLING_MAX_RING``).
+:mod:`blockprep.tiling` (the broadcast, the doubling copy past ``DOUBLING_MIN_PERIODS``, and no
+gather).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from blockprep.reference import (
     ring_block_table_gather,
     ring_block_table_repeat,
 )
-from blockprep.tiling import tile_row, tile_rows, tiling_index
+from blockprep.tiling import tile_row, tile_rows
 
 SEED = 20_240_601
 ID_SPACE = 100_000
@@ -159,8 +160,14 @@ Dst = npt.NDArray[np.int32]
 Ids = npt.NDArray[np.int64] | npt.NDArray[np.int32]
 
 
+@functools.cache
+def tiling_index(width: int, n: int) -> npt.NDArray[np.intp]:
+    """Upstream's fix: the index ``arange(width) % n``, built once per shape."""
+    return np.arange(width) % n
+
+
 def gather_per_row(dst: Dst, ids: Ids) -> None:
-    """(a) Each row gathered through the cached tiling index (upstream's fix, in NumPy)."""
+    """(a) Each row gathered through a cached tiling index (upstream's fix, in NumPy)."""
     index = tiling_index(dst.shape[1], ids.shape[1])
     for r in range(dst.shape[0]):
         np.take(ids[r], index, out=dst[r])
@@ -232,17 +239,17 @@ TILING_SHAPES = [
     (64, 128, 4),
     (1, 4096, 65),
     (1, 128, 4),
-    # Rings either side of DOUBLING_MAX_RING, and one row at GATHER_MAX_WIDTH (the widest row
-    # that tile_row still gathers): the cases that decide the two thresholds.
-    (64, 4096, 8),
+    # Either side of DOUBLING_MIN_PERIODS (rows * (width // n) = 4096): the cases that place it.
     (64, 4096, 9),
-    (1, 512, 65),
-    (1, 512, 4),
+    (64, 4096, 24),
+    (64, 4096, 32),
+    (64, 2048, 16),
+    (64, 2048, 32),
+    (8, 4096, 8),
+    (8, 4096, 12),
 ]
-# blockprep.ids hands the tile writers int32 ids; int64 is what a plain np.array of ints gives.
-TILING_CASES = [
-    TilingCase(*shape, dtype) for dtype in ("int64", "int32") for shape in TILING_SHAPES
-]
+# blockprep.ids hands the tile writers int32 ids.
+TILING_CASES = [TilingCase(*shape, "int32") for shape in TILING_SHAPES]
 
 CONSTRUCTIONS: dict[str, Callable[[Dst, Ids], None]] = {
     "gather per row": gather_per_row,

@@ -7,7 +7,6 @@ persistent buffers that a compiled decode program reads.
 from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError
 from blockprep.builders import paged_block_table, ring_block_table
 from blockprep.ids import INT32_MAX
-from blockprep.tiling import tiling_index
 
 __all__ = [
     "INT32_MAX",
@@ -16,6 +15,5 @@ __all__ = [
     "StaleRowError",
     "paged_block_table",
     "ring_block_table",
-    "tiling_index",
 ]
 __version__ = "0.1.0"

@@ -331,34 +331,30 @@ class BlockTable:
         cached = self._cached[row]
         key = ids if type(ids) is list else id_list(ids)
         if key is None or not isinstance(cached, list):
-            return self._full_plan(row, ids)
+            return self._full_plan(row, ids, key)
         try:
             if key == cached:
                 return None
-            changes = self._changes(row, key, cached)
-        except (TypeError, ValueError):  # ids whose comparison raises are no ids: check them whole
-            return self._full_plan(row, ids)
-        if changes is None:
-            return self._full_plan(row, ids)
-        start, slots = changes
-        if slots is not None:
+            if self._kind == "paged":
+                start = self._changed_from(row, key, cached)
+                return _Plan(key, start, None, self._checked(row, key[start:]))
+            if len(key) != len(cached):
+                return self._full_plan(row, ids, key)
+            slots = self._changed_slots(row, key, cached)
             return _Plan(key, 0, slots, self._checked(row, [key[s] for s in slots]))
-        return _Plan(key, start, None, self._checked(row, key[start:]))
+        except (TypeError, ValueError):
+            # Bad ids, or ids whose comparison raises: the whole-row check raises the right error.
+            return self._full_plan(row, ids, key)
 
-    def _changes(
-        self, row: int, key: list[Any], cached: list[Any]
-    ) -> tuple[int, list[int] | None] | None:
-        """``(start, None)``: a paged row changes from column ``start`` on; ``(0, slots)``: a ring
-        row changes in ``slots``; ``None``: rewrite the row whole."""
-        if self._kind == "ring":
-            return None if len(key) != len(cached) else (0, self._changed_slots(row, key, cached))
+    def _changed_from(self, row: int, key: list[Any], cached: list[Any]) -> int:
+        """First column where paged ids ``key`` differ from ``cached`` (lengths may differ)."""
         check_length(row, len(key), self._max_blocks, self._kind)
         old, new = len(cached), len(key)
         if new >= old and key[:old] == cached:
-            return old, None
+            return old
         if new < old and cached[:new] == key:
-            return new, None
-        return next(i for i, (a, b) in enumerate(zip(key, cached, strict=False)) if a != b), None
+            return new
+        return next(i for i, (a, b) in enumerate(zip(key, cached, strict=False)) if a != b)
 
     def _checked(self, row: int, ids: list[Any]) -> list[int]:
         """``ids`` (a row's new ids) as checked ints; plain in-range ints pass without a copy."""
@@ -368,9 +364,14 @@ class BlockTable:
                 return values
         return ids
 
-    def _full_plan(self, row: int, ids: object) -> _Plan:
+    def _full_plan(self, row: int, ids: object, key: list[Any] | None) -> _Plan:
         values = row_values(row, ids, self._max_blocks, self._kind).astype(np.int32, copy=False)
-        return _Plan(values.tolist(), 0, None, values, full=True)
+        if key is not None and set(map(type, key)) <= {int}:
+            # Cache the caller's own int objects: the next comparison then matches by identity.
+            cache = key[:] if key is ids else key
+        else:
+            cache = values.tolist()
+        return _Plan(cache, 0, None, values, full=True)
 
     def _changed_slots(self, row: int, key: list[Any], cached: list[Any]) -> list[int]:
         """Slots where ``key`` differs from ``cached`` (equal lengths, not equal).
@@ -391,10 +392,10 @@ class BlockTable:
 
     def _apply(self, row: int, plan: _Plan) -> None:
         """Write a checked plan into the buffer and the cache. Never raises."""
-        if plan.full:
-            self._write_whole(row, plan)
-        elif plan.slots is not None:
+        if plan.slots is not None:
             self._write_slots(row, plan.ids, plan.slots, plan.values)
+        elif plan.full:
+            self._write_whole(row, plan)
         else:
             self._write_columns(row, plan)
 
@@ -413,6 +414,13 @@ class BlockTable:
     def _write_slots(self, row: int, ids: list[Any], slots: list[int], values: Any) -> None:
         """Ring row: rewrite the columns ``j`` with ``j % n`` in ``slots``, strided."""
         n, width = len(ids), self._max_blocks
+        if len(slots) == 1:  # the common case: one slot rotated
+            slot, value = slots[0], values[0]
+            self._flat[row * width + slot : (row + 1) * width : n] = value
+            self._cached[row][slot] = value
+            self._next_slot[row] = (slot + 1) % n
+            self._wrote(row, (width - 1 - slot) // n + 1)
+            return
         if len(slots) <= RING_SLOT_LOOP_MAX:
             begin, end = row * width, (row + 1) * width
             for slot, value in zip(slots, values, strict=True):
