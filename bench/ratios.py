@@ -85,6 +85,24 @@ def other_table(groups: dict[str, dict[str, float]]) -> list[str]:
     return lines
 
 
+def cells_table(benchmarks: list[dict[str, Any]]) -> list[str]:
+    """Benchmarks that record ``cells_written_per_step``: cells written against the table's."""
+    lines = [
+        "| group | benchmark | cells written per step | table cells | share |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for bench in benchmarks:
+        info = bench.get("extra_info", {})
+        if "cells_written_per_step" not in info:
+            continue
+        cells, total = info["cells_written_per_step"], info["table_cells"]
+        lines.append(
+            f"| {bench['group']} | {info['impl']} | {cells:,.1f} | {total:,} "
+            f"| {cells / total:.2%} |"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json_file", type=Path, help="a pytest-benchmark --benchmark-json file")
@@ -99,6 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     if len(others) > 2:
         print()
         print("\n".join(others))
+    cells = cells_table(data["benchmarks"])
+    if len(cells) > 2:
+        print()
+        print("\n".join(cells))
 
 
 if __name__ == "__main__":
