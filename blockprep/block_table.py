@@ -33,8 +33,10 @@ from blockprep.buffers import host_tensor
 from blockprep.ids import (
     INT32_MAX,
     Kind,
+    as_int,
     check_length,
     check_max_blocks,
+    check_pad,
     checked_ids,
     id_list,
     row_values,
@@ -101,16 +103,15 @@ class BlockTable:
     ) -> None:
         if kind not in ("paged", "ring"):
             raise ValueError(f"kind must be 'paged' or 'ring', got {kind!r}")
-        num_rows = _non_negative(num_rows, "num_rows")
+        num_rows = as_int(num_rows, "num_rows")
+        if num_rows < 0:
+            raise ValueError(f"num_rows must be non-negative, got {num_rows}")
         max_blocks = check_max_blocks(max_blocks)
-        if isinstance(pad, (bool, np.bool_)) or not isinstance(pad, (int, np.integer)):
-            raise TypeError(f"pad must be an integer, got {pad!r}")
-        if not -(2**31) <= int(pad) <= INT32_MAX:
-            raise ValueError(f"pad {pad} is outside the int32 range")
+        pad = check_pad(pad)
         self._num_rows = num_rows
         self._max_blocks = max_blocks
         self._kind: Kind = kind
-        self._pad = int(pad)
+        self._pad = pad
         cleared: list[int] | tuple[()] = [] if kind == "paged" else _CLEARED_RING
         self._cleared = cleared
         if buffer is None:
@@ -313,12 +314,7 @@ class BlockTable:
     # --- internals -------------------------------------------------------------------------------
 
     def _row_index(self, row: object) -> int:
-        if isinstance(row, (bool, np.bool_)):
-            raise TypeError(f"block-table row index must be an integer, got {row!r}")
-        try:
-            index = operator.index(row)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(f"block-table row index must be an integer, got {row!r}") from None
+        index = as_int(row, "block-table row index")
         if not 0 <= index < self._num_rows:
             raise IndexError(
                 f"block-table row {index} is out of range for a table of {self._num_rows} rows"
@@ -478,18 +474,6 @@ class _Plan(NamedTuple):
     slots: list[int] | None
     values: npt.NDArray[np.int32] | list[int]
     full: bool = False
-
-
-def _non_negative(value: int, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if number < 0:
-        raise ValueError(f"{name} must be non-negative, got {number}")
-    return number
 
 
 def _check_buffer(buffer: object, num_rows: int, max_blocks: int) -> None:

@@ -18,14 +18,13 @@ array or tensor) and no temporary per row; see :mod:`blockprep.tiling` for the r
 
 from __future__ import annotations
 
-import operator
 from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.ids import INT32_MAX, IdRows, check_max_blocks, id_rows
+from blockprep.ids import IdRows, check_max_blocks, check_pad, id_rows
 from blockprep.tiling import tile_row, tile_rows
 
 Table = TypeVar("Table", torch.Tensor, npt.NDArray[np.int32])
@@ -101,7 +100,7 @@ def paged_block_table(
         TypeError: a non-integer id (row named), a non-integer ``pad``, or a bad ``out``.
     """
     max_blocks = check_max_blocks(max_blocks)
-    pad = _check_pad(pad)
+    pad = check_pad(pad)
     ids = id_rows(rows, max_blocks, "paged")
     result, dst = _destination(out, len(ids.lengths), max_blocks)
     _write_paged(dst, ids, pad)
@@ -134,18 +133,6 @@ def _write_paged(dst: npt.NDArray[np.int32], ids: IdRows, pad: int) -> None:
     elif ids.lengths:
         dst[...] = pad
         dst[np.arange(dst.shape[1]) < np.array(ids.lengths)[:, None]] = ids.values
-
-
-def _check_pad(pad: int) -> int:
-    if isinstance(pad, (bool, np.bool_)):
-        raise TypeError(f"pad must be an integer, got {pad!r}")
-    try:
-        value = operator.index(pad)
-    except TypeError:
-        raise TypeError(f"pad must be an integer, got {pad!r}") from None
-    if not -(2**31) <= value <= INT32_MAX:
-        raise ValueError(f"pad {value} is outside the int32 range")
-    return value
 
 
 def _destination(

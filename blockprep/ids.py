@@ -61,16 +61,29 @@ class IdRows:
         return [0, *itertools.accumulate(self.lengths)]
 
 
+def as_int(value: object, name: str) -> int:
+    """``value`` as an int; ``TypeError`` naming ``name`` for bools and non-integers."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
+
 def check_max_blocks(max_blocks: int) -> int:
     """Return ``max_blocks`` as an int; upstream's ``ValueError`` when it is not positive."""
-    if isinstance(max_blocks, (bool, np.bool_)):
-        raise TypeError(f"max_blocks must be an integer, got {max_blocks!r}")
-    try:
-        value = operator.index(max_blocks)
-    except TypeError:
-        raise TypeError(f"max_blocks must be an integer, got {max_blocks!r}") from None
+    value = as_int(max_blocks, "max_blocks")
     if value <= 0:
         raise ValueError("max_blocks must be positive")
+    return value
+
+
+def check_pad(pad: int) -> int:
+    """Return ``pad`` (the value after a paged row's ids) as an int within int32."""
+    value = as_int(pad, "pad")
+    if not -(2**31) <= value <= INT32_MAX:
+        raise ValueError(f"pad {value} is outside the int32 range")
     return value
 
 

@@ -69,24 +69,25 @@ def in_containers(draw: st.DrawFn, rows: Sequence[Sequence[int]]) -> list[Any]:
 
 
 @st.composite
+def _tables(
+    draw: st.DrawFn, shortest: int, max_rows: int, max_width: int, max_id: int
+) -> tuple[list[list[int]], int]:
+    max_blocks = draw(st.integers(1, max_width))
+    length = st.integers(shortest, max_blocks) | st.sampled_from([shortest, max_blocks])
+    lengths = draw(st.lists(length, max_size=max_rows))
+    rows = [draw(block_id_rows(min_size=n, max_size=n, max_id=max_id)) for n in lengths]
+    return rows, max_blocks
+
+
 def ring_tables(
-    draw: st.DrawFn, *, max_rows: int = 8, max_width: int = 300, max_id: int = INT32_MAX
-) -> tuple[list[list[int]], int]:
+    *, max_rows: int = 8, max_width: int = 300, max_id: int = INT32_MAX
+) -> st.SearchStrategy[tuple[list[list[int]], int]]:
     """``(rows, max_blocks)`` for a valid ring table: every row holds ``1..max_blocks`` ids."""
-    max_blocks = draw(st.integers(1, max_width))
-    ring = st.integers(1, max_blocks) | st.sampled_from([1, max_blocks])
-    lengths = draw(st.lists(ring, max_size=max_rows))
-    rows = [draw(block_id_rows(min_size=n, max_size=n, max_id=max_id)) for n in lengths]
-    return rows, max_blocks
+    return _tables(1, max_rows, max_width, max_id)
 
 
-@st.composite
 def paged_tables(
-    draw: st.DrawFn, *, max_rows: int = 8, max_width: int = 300, max_id: int = INT32_MAX
-) -> tuple[list[list[int]], int]:
+    *, max_rows: int = 8, max_width: int = 300, max_id: int = INT32_MAX
+) -> st.SearchStrategy[tuple[list[list[int]], int]]:
     """``(rows, max_blocks)`` for a valid paged table: every row holds ``0..max_blocks`` ids."""
-    max_blocks = draw(st.integers(1, max_width))
-    size = st.integers(0, max_blocks) | st.sampled_from([0, max_blocks])
-    lengths = draw(st.lists(size, max_size=max_rows))
-    rows = [draw(block_id_rows(min_size=n, max_size=n, max_id=max_id)) for n in lengths]
-    return rows, max_blocks
+    return _tables(0, max_rows, max_width, max_id)
