@@ -1,0 +1,1 @@
+"""Model adapters: each turns a DecodeBatch into one model's persistent decode buffers."""

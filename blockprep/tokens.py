@@ -1,0 +1,102 @@
+"""Padded token buffers: the ``[batch, width]`` token ABI whose padding columns are written once.
+
+A compiled decode program may read a token buffer wider than one token per row (upstream Qwen:
+``SAMPLED_IDS_PAD = 8`` columns, the same layout as its sampled-ids output) and requires columns
+``1..width-1`` to hold 0. Upstream once zeroed the whole buffer every step; the padding never
+changes, so :class:`PaddedTokenBuffer` zeroes it once and afterwards writes column 0 only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from blockprep.buffers import host_tensor
+from blockprep.ids import as_int
+
+
+class PaddedTokenBuffer:
+    """A persistent ``[batch, width]`` token buffer: column 0 holds tokens, the rest 0.
+
+    Args:
+        batch: rows (the compiled batch size), positive.
+        width: columns, at least 1.
+        dtype: an integer dtype (upstream: int32).
+        buffer: adopt this CPU tensor of shape ``[batch, width]`` and ``dtype`` instead of
+            allocating one; its padding is zeroed now.
+        pin_memory, share_memory: how to allocate (see :func:`blockprep.buffers.host_tensor`).
+
+    The padding columns are zeroed when the buffer is made or adopted and by :meth:`reset`, and
+    never written otherwise.
+    """
+
+    def __init__(
+        self,
+        batch: int,
+        width: int,
+        *,
+        dtype: torch.dtype = torch.int32,
+        buffer: torch.Tensor | None = None,
+        pin_memory: bool = False,
+        share_memory: bool = False,
+    ) -> None:
+        batch, width = as_int(batch, "batch"), as_int(width, "width")
+        if batch <= 0:
+            raise ValueError(f"batch must be positive, got {batch}")
+        if width < 1:
+            raise ValueError("compiled decode token buffer must have at least one column")
+        if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise TypeError(f"dtype must be an integer dtype, got {dtype}")
+        if buffer is None:
+            buffer = host_tensor(
+                (batch, width), dtype, fill=0, pin_memory=pin_memory, share_memory=share_memory
+            )
+        elif tuple(buffer.shape) != (batch, width) or buffer.dtype != dtype:
+            raise ValueError(
+                f"buffer must be {dtype} of shape {(batch, width)}, "
+                f"got {buffer.dtype} of shape {tuple(buffer.shape)}"
+            )
+        elif buffer.device.type != "cpu" or not buffer.is_contiguous():
+            raise ValueError("buffer must be a contiguous CPU tensor")
+        self._tensor = buffer
+        self._rows: npt.NDArray[Any] = buffer.numpy()
+        info = np.iinfo(self._rows.dtype)
+        self._low, self._high = int(info.min), int(info.max)
+        self.reset()
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The persistent buffer (same object and address for life)."""
+        return self._tensor
+
+    def numpy(self) -> npt.NDArray[Any]:
+        """A NumPy view sharing the buffer's memory."""
+        return self._rows
+
+    def reset(self) -> None:
+        """Zero the padding columns again (after anything else wrote the buffer)."""
+        self._rows[:, 1:] = 0
+
+    def check_tokens(self, tokens: list[int]) -> None:
+        """Raise ``ValueError`` naming the first row whose token does not fit the dtype, or when
+        there are more tokens than rows."""
+        if len(tokens) > len(self._rows):
+            raise ValueError(f"{len(tokens)} tokens for a token buffer of {len(self._rows)} rows")
+        for row, token in enumerate(tokens):
+            if not self._low <= token <= self._high:
+                raise ValueError(
+                    f"token row {row} holds token id {token}, outside {self._rows.dtype}"
+                )
+
+    def write(self, tokens: list[int]) -> None:
+        """Write ``tokens[i]`` into column 0 of row ``i``; checked first (see
+        :meth:`check_tokens`), so a bad token writes nothing."""
+        self.check_tokens(tokens)
+        self._rows[: len(tokens), 0] = tokens
+
+    def replicate(self, src: int, start: int) -> None:
+        """Copy row ``src``'s token into column 0 of rows ``start..batch-1`` (batch padding)."""
+        self._rows[start:, 0] = self._rows[src, 0]
