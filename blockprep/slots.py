@@ -59,7 +59,8 @@ def decode_slots(
     if len(pages) != len(seq_lens):
         raise ValueError(f"{len(pages)} page lists for {len(seq_lens)} seq_lens")
     slots = []
-    for row, (row_pages, seq_len) in enumerate(zip(pages, seq_lens, strict=True)):
+    for row, seq_len in enumerate(seq_lens):
+        row_pages = pages[row]
         if seq_len < 1:
             raise ValueError(f"slot-mapping row {row} has seq_len {seq_len}; it must be positive")
         position = seq_len - 1

@@ -85,6 +85,8 @@ class PaddedTokenBuffer:
         there are more tokens than rows."""
         if len(tokens) > len(self._rows):
             raise ValueError(f"{len(tokens)} tokens for a token buffer of {len(self._rows)} rows")
+        if not tokens or (self._low <= min(tokens) and max(tokens) <= self._high):
+            return
         for row, token in enumerate(tokens):
             if not self._low <= token <= self._high:
                 raise ValueError(

@@ -317,3 +317,16 @@ def test_prepare_does_not_read_hidden_states() -> None:
     adapter = QwenDecodeAdapter(QwenDecodePreparer(2, 64, 64), executor)
     adapter.run_decode(NoHidden())  # type: ignore[arg-type]
     assert np.array_equal(executor.seen[0].seq_lens.numpy(), [1, 1])
+
+
+def test_device_preparer_hands_out_device_buffers() -> None:
+    """With a device other than the CPU the inputs are device mirrors of the host buffers (the
+    meta device stands in for an accelerator: it allocates and copies without data)."""
+    preparer = QwenDecodePreparer(3, 256, 64, device="meta")
+    inputs = preparer.prepare(GOOD)
+    again = preparer.prepare(GOOD)
+    for name in BUFFERS:
+        tensor = getattr(inputs, name)
+        assert tensor.device.type == "meta" and tensor is getattr(again, name)
+    assert inputs.block_table.shape == (3 * 4,) and inputs.token_ids.shape == (3, 8)
+    preparer.reset()

@@ -97,6 +97,7 @@ class QwenDecodePreparer:
         self._table_buffer = (
             flat_table if self._table_mirror.is_host else self._table_mirror.tensor.view(-1)
         )
+        self._inputs_by_count: dict[int, QwenDecodeInputs] = {}
 
     @property
     def block_table(self) -> BlockTable:
@@ -174,23 +175,28 @@ class QwenDecodePreparer:
             seq_view[count:] = seq_lens[0]
             slot_view[count:] = slots[0]
             self._table.fill_rows(0, padding)
-        for name in ("token_ids", "seq_lens", "slot_mapping"):
-            self._mirrors[name].sync()
-        self._table_mirror.sync(self._table.take_dirty())
+        dirty = self._table.take_dirty()
+        if not self._table_mirror.is_host:
+            for mirror in self._mirrors.values():
+                mirror.sync()
+            self._table_mirror.sync(dirty)
 
     def _sync_all(self) -> None:
         for mirror in (*self._mirrors.values(), self._table_mirror):
             mirror.sync()
 
     def _inputs(self, count: int) -> QwenDecodeInputs:
-        mirrors = self._mirrors
-        return QwenDecodeInputs(
-            actual_batch=count,
-            token_ids=mirrors["token_ids"].tensor,
-            seq_lens=mirrors["seq_lens"].tensor,
-            block_table=self._table_buffer,
-            slot_mapping=mirrors["slot_mapping"].tensor,
-        )
+        inputs = self._inputs_by_count.get(count)
+        if inputs is None:  # the same buffers every step: one frozen record per batch size
+            mirrors = self._mirrors
+            inputs = self._inputs_by_count[count] = QwenDecodeInputs(
+                actual_batch=count,
+                token_ids=mirrors["token_ids"].tensor,
+                seq_lens=mirrors["seq_lens"].tensor,
+                block_table=self._table_buffer,
+                slot_mapping=mirrors["slot_mapping"].tensor,
+            )
+        return inputs
 
 
 class QwenDecodeAdapter:
