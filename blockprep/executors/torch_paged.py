@@ -265,7 +265,17 @@ class TorchPagedQwen3Executor:
     Slot ``s`` is ``(page s // page_size, offset s % page_size)``.
 
     Usage: :meth:`prefill` each request's prompt into its pages, then call :meth:`run_decode`
-    (directly or through ``QwenDecodeAdapter``) once per step with the prepared buffers.
+    (directly or through ``QwenDecodeAdapter``) once per step with the prepared buffers::
+
+        executor = TorchPagedQwen3Executor.from_state_dict(
+            hf_model.state_dict(), num_pages=96, page_size=4, rope_theta=10_000.0
+        )
+        first = int(executor.prefill(prompt, pages)[-1].argmax())
+        preparer = QwenDecodePreparer(max_batch_size=4, max_seq_len=64, page_size=4)
+        result = QwenDecodeAdapter(preparer, executor).run_decode(
+            DecodeBatch(["r0"], torch.tensor([first]), torch.tensor([len(prompt) + 1]),
+                        block_ids=[pages])
+        )
     """
 
     def __init__(self, weights: Qwen3Weights, *, num_pages: int, page_size: int) -> None:
