@@ -58,25 +58,29 @@ def decode_slots(
         raise ValueError(f"page_size must be positive, got {page_size}")
     if len(pages) != len(seq_lens):
         raise ValueError(f"{len(pages)} page lists for {len(seq_lens)} seq_lens")
-    slots = []
-    for row, seq_len in enumerate(seq_lens):
-        row_pages = pages[row]
-        if seq_len < 1:
-            raise ValueError(f"slot-mapping row {row} has seq_len {seq_len}; it must be positive")
-        position = seq_len - 1
-        index, offset = divmod(position, page_size)
-        if index >= len(row_pages):
-            raise ValueError(
-                f"page_ids list length {len(row_pages)} is too small for decode position "
-                f"{position}; need at least {index + 1} pages"
-            )
-        page = row_pages[index]
-        if type(page) is not int or page < 0:
-            page = int(checked_ids(row, [page], "paged")[0])
-        slot = page * page_size + offset
-        if slot > INT32_MAX:
-            raise ValueError(
-                f"slot-mapping row {row} maps to slot {slot} (page {page}), above {INT32_MAX}"
-            )
-        slots.append(slot)
-    return slots
+    return [
+        decode_slot(row, pages[row], seq_len, page_size) for row, seq_len in enumerate(seq_lens)
+    ]
+
+
+def decode_slot(row: int, pages: Sequence[Any], seq_len: int, page_size: int) -> int:
+    """Row ``row``'s slot for a sequence of ``seq_len`` tokens in ``pages``; see
+    :func:`paged_slot_mapping` for the errors (``page_size`` is trusted to be positive)."""
+    if seq_len < 1:
+        raise ValueError(f"slot-mapping row {row} has seq_len {seq_len}; it must be positive")
+    position = seq_len - 1
+    index, offset = divmod(position, page_size)
+    if index >= len(pages):
+        raise ValueError(
+            f"page_ids list length {len(pages)} is too small for decode position "
+            f"{position}; need at least {index + 1} pages"
+        )
+    page = pages[index]
+    if type(page) is not int or page < 0:
+        page = int(checked_ids(row, [page], "paged")[0])
+    slot = page * page_size + offset
+    if slot > INT32_MAX:
+        raise ValueError(
+            f"slot-mapping row {row} maps to slot {slot} (page {page}), above {INT32_MAX}"
+        )
+    return slot

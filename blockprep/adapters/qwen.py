@@ -17,6 +17,7 @@ holding the previous step's inputs.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +26,7 @@ from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
 from blockprep.buffers import DeviceMirror, host_tensor
 from blockprep.ids import as_int
-from blockprep.slots import decode_slots
+from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
 
 SAMPLED_IDS_PAD = 8
@@ -132,20 +133,22 @@ class QwenDecodePreparer:
         seq_lens_flat = batch.seq_lens.reshape(-1)
         if seq_lens_flat.numel() < count:
             raise ValueError(f"decode seq_lens has {seq_lens_flat.numel()} rows, expected {count}")
-        # Upstream reads seq_lens back after the int32 cast; a value outside int32 is refused.
         seq_lens: list[int] = seq_lens_flat[:count].tolist()
-        pages = [batch.block_ids[i] if i < len(batch.block_ids) else [] for i in range(count)]
-        for seq_len, row_pages in zip(seq_lens, pages, strict=True):
+        block_ids, width, page_size = batch.block_ids, self.max_blocks, self.page_size
+        pages: list[Sequence[int]] = []
+        slots: list[int] = []
+        for row, seq_len in enumerate(seq_lens):  # upstream's checks, in its order, row by row
             if seq_len <= 0:
                 raise ValueError("decode seq_lens must be positive")
             if seq_len > self.max_seq_len:
                 raise ValueError(f"decode seq_len {seq_len} exceeds max_seq_len {self.max_seq_len}")
-            if len(row_pages) > self.max_blocks:
+            row_pages = block_ids[row] if row < len(block_ids) else []
+            if len(row_pages) > width:
                 raise ValueError(
-                    f"page_ids list length {len(row_pages)} exceeds block-table width "
-                    f"{self.max_blocks}"
+                    f"page_ids list length {len(row_pages)} exceeds block-table width {width}"
                 )
-        slots = decode_slots(pages, seq_lens, self.page_size)
+            slots.append(decode_slot(row, row_pages, seq_len, page_size))
+            pages.append(row_pages)
         token_values: list[int] = tokens.reshape(-1).tolist()
         self._tokens.check_tokens(token_values)
         # The last check: the block table checks every changed row before writing any.
