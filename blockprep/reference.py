@@ -11,6 +11,9 @@ may have done part of its work. Not fast, on purpose.
   gathered into each row.
 - :func:`block_table_per_row`: the paged builder before the fix, one tensor per row.
 - :func:`block_table_one_tensor`: the upstream fix, one tensor per call.
+- :func:`deepseek_v4_decode_rebuild`: a whole DeepSeek V4 decode step (56 tables, block counts,
+  dynamic inputs) rebuilt with the builders above, before (``fix=False``) or after the fix;
+  :func:`deepseek_v4_x_hc`, its host-embedding input.
 
 All return a new int32 tensor ``[len(rows), max_blocks]``. Paged tables take ``pad`` (upstream
 DeepSeek: 0, the default; Qwen: -1).
@@ -24,9 +27,13 @@ Qwen decode preparation (seed-semantics 2), each owning the four compiled buffer
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from blockprep.batch import DecodeBatch
 
 from blockprep.batch import DecodeBatch
 
@@ -284,3 +291,148 @@ class QwenDecodePrep97(QwenDecodeBuffers):
         self.token_ids.zero_()
         self._padding_initialized = True
         self._row_pages = []
+
+
+# --- DeepSeek V4 decode: upstream's full rebuild of every buffer (seed-semantics 6.4, 6.5) -------
+
+DEEPSEEK_V4_TABLES: tuple[tuple[str, str, int], ...] = (
+    ("ori", "ring", 128),
+    ("cmp_c128", "paged", 128),
+    ("cmp_c4", "paged", 128),
+    ("idx", "paged", 128),
+    ("hca_state", "ring", 2048),
+    ("csa_state", "ring", 4096),
+    ("csa_inner_state", "ring", 4096),
+)
+"""Upstream's 7 decode tables: (cache group, ring or zero-padded, width), in canonical order."""
+
+
+def deepseek_v4_decode_rebuild(
+    batch: DecodeBatch,
+    *,
+    ranks: int,
+    decode_batch: int,
+    decode_seq: int,
+    num_blocks: Mapping[str, int],
+    mtp: bool = False,
+    fix: bool = False,
+    out: Mapping[str, torch.Tensor] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Upstream's DeepSeek V4 decode step, rebuilt from scratch: all ``7 * ranks`` tables.
+
+    For a valid ``batch`` (no checks beyond the builders'): ranks from ``cache_partitions``, local
+    rows by order of arrival; per rank, each group's rows padded with the scratch rows
+    ``(num_blocks[group] + k,)``, each table built with upstream's builders (``fix=False``:
+    :func:`ring_block_table_repeat` and :func:`block_table_per_row`, before upstream's fix;
+    ``fix=True``: :func:`ring_block_table_gather` and :func:`block_table_one_tensor`) and copied
+    into its rank's slice; ``block_counts`` from the padded lengths; the dynamic inputs staged
+    with upstream's replication (every row request 0, an active rank's rows its first request,
+    then each request's own row). ``mtp``: token rows ``[prev, current]`` at positions
+    ``(s-2, s-1)`` and two logit rows per request; otherwise ``current`` at ``s-1`` repeated over
+    ``decode_seq``, one logit row per request.
+
+    Returns ``out`` (filled in place, like upstream's ``copy_shared``) or new tensors, keyed by
+    group name (int32 ``[ranks, decode_batch, width]``) and ``block_counts`` (int32
+    ``[ranks, decode_batch, 7]``), ``input_ids`` (int64 ``[ranks, T]``), ``position_ids`` (int32
+    ``[ranks, T]``), ``kv_seq_lens`` (int32 ``[ranks, decode_batch]``), ``num_tokens_per_owner``
+    (int32 ``[ranks]``), ``logit_row_indices`` (int32 ``[ranks, T]``), ``T = decode_batch *
+    decode_seq``.
+    """
+    ring = ring_block_table_gather if fix else ring_block_table_repeat
+    paged = block_table_one_tensor if fix else block_table_per_row
+    tokens_per_rank = decode_batch * decode_seq
+    shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
+        name: ((ranks, decode_batch, width), torch.int32) for name, _, width in DEEPSEEK_V4_TABLES
+    }
+    shapes["block_counts"] = ((ranks, decode_batch, len(DEEPSEEK_V4_TABLES)), torch.int32)
+    shapes["input_ids"] = ((ranks, tokens_per_rank), torch.int64)
+    shapes["position_ids"] = ((ranks, tokens_per_rank), torch.int32)
+    shapes["kv_seq_lens"] = ((ranks, decode_batch), torch.int32)
+    shapes["num_tokens_per_owner"] = ((ranks,), torch.int32)
+    shapes["logit_row_indices"] = ((ranks, tokens_per_rank), torch.int32)
+    if out is None:
+        staged = {name: torch.empty(shape, dtype=dtype) for name, (shape, dtype) in shapes.items()}
+    else:
+        staged = dict(out)
+
+    # Assignment: rank and local row of each request.
+    by_rank: list[list[int]] = [[] for _ in range(ranks)]
+    for q, partition in enumerate(batch.cache_partitions):
+        by_rank[int(partition)].append(q)  # type: ignore[arg-type]
+
+    # Dynamic inputs (seed-semantics 6.5).
+    seq_lens = [int(s) for s in batch.seq_lens.tolist()]
+    current = batch.token_ids if batch.token_ids.ndim == 1 else batch.token_ids[:, 0]
+    if mtp:
+        assert batch.prev_token_ids is not None
+        previous = batch.prev_token_ids.reshape(-1).tolist()
+        token_rows = [[int(p), int(c)] for p, c in zip(previous, current.tolist(), strict=True)]
+        positions = [[s - 2, s - 1] for s in seq_lens]
+    else:
+        token_rows = [[int(c)] * decode_seq for c in current.tolist()]
+        positions = [[s - 1] * decode_seq for s in seq_lens]
+    active_seq = 2 if mtp else 1
+    input_ids = staged["input_ids"].view(ranks, decode_batch, decode_seq)
+    position_ids = staged["position_ids"].view(ranks, decode_batch, decode_seq)
+    input_ids[...] = torch.tensor(token_rows[0], dtype=torch.int64)
+    position_ids[...] = torch.tensor(positions[0], dtype=torch.int32)
+    staged["kv_seq_lens"].fill_(seq_lens[0])
+    for rank, requests in enumerate(by_rank):
+        if requests:
+            first = requests[0]
+            input_ids[rank] = torch.tensor(token_rows[first], dtype=torch.int64)
+            position_ids[rank] = torch.tensor(positions[first], dtype=torch.int32)
+            staged["kv_seq_lens"][rank] = seq_lens[first]
+    for rank, requests in enumerate(by_rank):
+        for local, q in enumerate(requests):
+            input_ids[rank, local] = torch.tensor(token_rows[q], dtype=torch.int64)
+            position_ids[rank, local] = torch.tensor(positions[q], dtype=torch.int32)
+            staged["kv_seq_lens"][rank, local] = seq_lens[q]
+    staged["num_tokens_per_owner"].zero_()
+    staged["logit_row_indices"].fill_(-1)
+    for rank, requests in enumerate(by_rank):
+        rows = len(requests) * active_seq
+        staged["num_tokens_per_owner"][rank] = rows
+        staged["logit_row_indices"][rank, :rows] = torch.arange(rows, dtype=torch.int32)
+
+    # Static metadata: per rank, 7 padded groups, 7 tables and block_counts (seed-semantics 6.4).
+    for rank, requests in enumerate(by_rank):
+        padded: list[list[tuple[int, ...]]] = []
+        for name, kind, width in DEEPSEEK_V4_TABLES:
+            active = [tuple(int(x) for x in batch.block_ids_by_group[q][name]) for q in requests]
+            scratch = [(num_blocks[name] + k,) for k in range(decode_batch - len(active))]
+            rows_g = active + scratch
+            padded.append(rows_g)
+            if kind == "ring":
+                table = ring(rows_g, max_blocks=width)
+            else:
+                table = paged(rows_g, max_blocks=width)
+            staged[name][rank].copy_(table)
+        counts = [[len(rows_g[row]) for rows_g in padded] for row in range(decode_batch)]
+        staged["block_counts"][rank].copy_(torch.tensor(counts, dtype=torch.int32))
+    return staged
+
+
+def deepseek_v4_x_hc(
+    batch: DecodeBatch, *, ranks: int, decode_batch: int, decode_seq: int, mtp: bool = False
+) -> torch.Tensor:
+    """Upstream's host-embedding input ``x_hc`` (DS-97 ``_pack_decode_x_hc``): float32
+    ``[ranks, decode_batch * decode_seq, hidden]``. Every row first holds request 0's last
+    embedding; then each request's ``decode_seq`` rows hold its embedding (``mtp``:
+    ``[prev_hidden_states, hidden_states]``)."""
+    assert batch.hidden_states is not None
+    hidden = batch.hidden_states.float()
+    x = torch.empty((ranks, decode_batch, decode_seq, hidden.shape[1]), dtype=torch.float32)
+    x[...] = hidden[0]
+    by_rank = [0] * ranks
+    for q, partition in enumerate(batch.cache_partitions):
+        rank = int(partition)  # type: ignore[arg-type]
+        local = by_rank[rank]
+        by_rank[rank] += 1
+        if mtp:
+            assert batch.prev_hidden_states is not None
+            x[rank, local, 0] = batch.prev_hidden_states[q].float()
+            x[rank, local, 1] = hidden[q]
+        else:
+            x[rank, local] = hidden[q]
+    return x.view(ranks, decode_batch * decode_seq, -1)
