@@ -1,0 +1,1 @@
+"""The ``blockprep bench`` command's machinery: standard workloads, a checking timer, reports."""

@@ -1,0 +1,292 @@
+"""The standard benchmark workloads: each a trace of step inputs and three ways to prepare them.
+
+A workload's constructions are upstream's before its fix (``pre-fix``), upstream's fix (``fix``)
+and blockprep (``blockprep``), all fed the same precomputed trace. Every construction is a
+:class:`Stepper`: it takes one step's input and exposes the buffers it wrote, so the runner can
+check that all three agree cell for cell before it times anything.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy.typing as npt
+import torch
+
+from blockprep import reference
+from blockprep.adapters.qwen import QwenDecodePreparer
+from blockprep.batch import DecodeBatch
+from blockprep.block_table import BlockTable
+from blockprep.builders import paged_block_table, ring_block_table
+
+CONSTRUCTIONS = ("pre-fix", "fix", "blockprep")
+
+
+class Stepper(Protocol):
+    """One construction of one workload, with its own persistent buffers."""
+
+    def step(self, item: Any) -> None:
+        """Prepare one step's input."""
+
+    def buffers(self) -> dict[str, npt.NDArray[Any]]:
+        """The buffers the step wrote, by name, as NumPy arrays (views, not copies)."""
+
+    def written(self) -> tuple[int, int] | None:
+        """``(rows, cells)`` written so far, or ``None`` for a construction that rewrites all."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A benchmark workload.
+
+    ``trace(steps, seed)`` returns ``steps + 1`` step inputs; the first one warms the
+    constructions up and is not timed, unless ``cold``, where every timed step runs on a fresh
+    construction. ``rows`` and ``cells`` are the block-table rows and cells one full rewrite
+    writes (the memory floor is the time to copy ``cells`` int32 values).
+    """
+
+    name: str
+    description: str
+    trace: Callable[[int, int], Sequence[Any]]
+    constructions: Mapping[str, Callable[[], Stepper]]
+    rows: int
+    cells: int
+    cold: bool = False
+    quick: bool = True
+
+
+# --- builders: one table per step, rebuilt whole -----------------------------------------------
+
+
+class _BuilderStepper:
+    """A stateless builder rebuilding the whole table from the step's rows."""
+
+    def __init__(self, build: Callable[[Any, torch.Tensor], torch.Tensor], shape: tuple[int, int]):
+        self._build = build
+        self._out = torch.empty(shape, dtype=torch.int32)
+
+    def step(self, item: Any) -> None:
+        self._build(item, self._out)
+
+    def buffers(self) -> dict[str, npt.NDArray[Any]]:
+        return {"table": self._out.numpy()}
+
+    def written(self) -> tuple[int, int] | None:
+        return None
+
+
+def _ring_rows(rows: int, lengths: Callable[[random.Random], int]) -> Callable[[int, int], Any]:
+    def trace(steps: int, seed: int) -> list[list[list[int]]]:
+        rng = random.Random(seed)
+        table = [rng.sample(range(100_000), lengths(rng)) for _ in range(rows)]
+        return [table] * (steps + 1)
+
+    return trace
+
+
+def _builder_workload(
+    name: str, kind: str, rows: int, width: int, lengths: Callable[[random.Random], int], what: str
+) -> Workload:
+    if kind == "ring":
+        constructions = {
+            "pre-fix": lambda: _BuilderStepper(
+                lambda r, out: out.copy_(reference.ring_block_table_repeat(r, max_blocks=width)),
+                (rows, width),
+            ),
+            "fix": lambda: _BuilderStepper(
+                lambda r, out: out.copy_(reference.ring_block_table_gather(r, max_blocks=width)),
+                (rows, width),
+            ),
+            "blockprep": lambda: _BuilderStepper(
+                lambda r, out: ring_block_table(r, width, out=out), (rows, width)
+            ),
+        }
+    else:
+        constructions = {
+            "pre-fix": lambda: _BuilderStepper(
+                lambda r, out: out.copy_(reference.block_table_per_row(r, max_blocks=width)),
+                (rows, width),
+            ),
+            "fix": lambda: _BuilderStepper(
+                lambda r, out: out.copy_(reference.block_table_one_tensor(r, max_blocks=width)),
+                (rows, width),
+            ),
+            "blockprep": lambda: _BuilderStepper(
+                lambda r, out: paged_block_table(r, width, out=out), (rows, width)
+            ),
+        }
+    return Workload(name, what, _ring_rows(rows, lengths), constructions, rows, rows * width)
+
+
+# --- BlockTable: a ring table kept across steps ---------------------------------------------------
+
+
+def ring_rotation_trace(rows: int, ring: int, steps: int, seed: int) -> list[list[list[int]]]:
+    """``steps + 1`` snapshots of ``rows`` ring rows of ``ring`` ids: step s rotates, in slot
+    order, one slot of each row r with ``(r + s) % 4 == 0`` to a fresh page from a free queue."""
+    rng = random.Random(seed)
+    pool = list(range(rows * ring * 4))
+    rng.shuffle(pool)
+    table = [[pool.pop() for _ in range(ring)] for _ in range(rows)]
+    free = collections.deque(pool)
+    next_slot = [0] * rows
+    snapshots = [[list(row) for row in table]]
+    for step in range(1, steps + 1):
+        for r in range(rows):
+            if (r + step) % 4 == 0:
+                slot = next_slot[r]
+                free.append(table[r][slot])
+                table[r][slot] = free.popleft()
+                next_slot[r] = (slot + 1) % ring
+        snapshots.append([list(row) for row in table])
+    return snapshots
+
+
+class _BlockTableStepper:
+    def __init__(self, rows: int, width: int) -> None:
+        self.table = BlockTable(rows, width, kind="ring")
+
+    def step(self, item: Any) -> None:
+        self.table.write_rows(item)
+
+    def buffers(self) -> dict[str, npt.NDArray[Any]]:
+        return {"table": self.table.numpy()}
+
+    def written(self) -> tuple[int, int] | None:
+        stats = self.table.stats
+        return stats.misses, stats.cells_written
+
+
+def _block_table_workload(rows: int, width: int, ring: int) -> Workload:
+    def rebuild(builder: Callable[..., torch.Tensor]) -> Callable[[], Stepper]:
+        return lambda: _BuilderStepper(
+            lambda r, out: out.copy_(builder(r, max_blocks=width)), (rows, width)
+        )
+
+    return Workload(
+        f"blocktable-ring-{rows}x{width}",
+        f"BlockTable, ring {rows}x{width} n={ring}: 1/4 of rows rotate one slot per step",
+        lambda steps, seed: ring_rotation_trace(rows, ring, steps, seed),
+        {
+            "pre-fix": rebuild(reference.ring_block_table_repeat),
+            "fix": rebuild(reference.ring_block_table_gather),
+            "blockprep": lambda: _BlockTableStepper(rows, width),
+        },
+        rows,
+        rows * width,
+    )
+
+
+# --- Qwen3-14B decode preparation -----------------------------------------------------------------
+
+QWEN_BATCH, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD = 16, 4096, 128, 8
+
+
+def qwen_trace(steps: int, seed: int) -> list[DecodeBatch]:
+    """B=16 requests around sequence length 3338 decoding together, a page appended to a
+    request's list every 128 tokens (upstream PR #97's benchmark shape)."""
+    rng = random.Random(seed)
+    free = list(range(QWEN_BATCH * QWEN_MAX_SEQ_LEN // QWEN_PAGE_SIZE))
+    rng.shuffle(free)
+    seq_lens = [3338 + rng.randrange(-200, 200) for _ in range(QWEN_BATCH)]
+    pages = [[free.pop() for _ in range(-(-s // QWEN_PAGE_SIZE))] for s in seq_lens]
+    batches = []
+    for _ in range(steps + 1):
+        batches.append(
+            DecodeBatch(
+                request_ids=[f"r{i}" for i in range(QWEN_BATCH)],
+                token_ids=torch.tensor([rng.randrange(151_000) for _ in range(QWEN_BATCH)]),
+                seq_lens=torch.tensor(seq_lens),
+                block_ids=[list(row) for row in pages],
+            )
+        )
+        for i in range(QWEN_BATCH):
+            seq_lens[i] += 1
+            if (seq_lens[i] - 1) // QWEN_PAGE_SIZE >= len(pages[i]):
+                pages[i].append(free.pop())
+    return batches
+
+
+_QWEN_BUFFERS = ("token_ids", "seq_lens", "block_table", "slot_mapping")
+
+
+class _QwenReferenceStepper:
+    def __init__(self, prep: reference.QwenDecodeBuffers) -> None:
+        self.prep = prep
+
+    def step(self, item: Any) -> None:
+        self.prep.prepare(item)  # type: ignore[attr-defined]
+
+    def buffers(self) -> dict[str, npt.NDArray[Any]]:
+        return {name: getattr(self.prep, name).numpy() for name in _QWEN_BUFFERS}
+
+    def written(self) -> tuple[int, int] | None:
+        return None
+
+
+class _QwenStepper:
+    def __init__(self) -> None:
+        self.preparer = QwenDecodePreparer(QWEN_BATCH, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD)
+
+    def step(self, item: Any) -> None:
+        self._last = self.preparer.prepare(item)
+
+    def buffers(self) -> dict[str, npt.NDArray[Any]]:
+        return {name: getattr(self._last, name).numpy() for name in _QWEN_BUFFERS}
+
+    def written(self) -> tuple[int, int] | None:
+        stats = self.preparer.block_table.stats
+        return stats.misses, stats.cells_written
+
+
+def _qwen_workload() -> Workload:
+    args = (QWEN_BATCH, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD)
+    width = -(-QWEN_MAX_SEQ_LEN // QWEN_PAGE_SIZE)
+    return Workload(
+        "qwen3-14b",
+        f"Qwen3-14B decode prepare: B={QWEN_BATCH}, seq ~3338, page {QWEN_PAGE_SIZE}",
+        qwen_trace,
+        {
+            "pre-fix": lambda: _QwenReferenceStepper(reference.QwenDecodePrepBefore(*args)),
+            "fix": lambda: _QwenReferenceStepper(reference.QwenDecodePrep97(*args)),
+            "blockprep": _QwenStepper,
+        },
+        QWEN_BATCH,
+        QWEN_BATCH * width,
+    )
+
+
+def _fixed(n: int) -> Callable[[random.Random], int]:
+    return lambda rng: n
+
+
+def standard_workloads() -> dict[str, Workload]:
+    """Every standard workload by name, in the order the bench command runs them."""
+    mixed_ring: Callable[[random.Random], int] = lambda rng: rng.randint(1, 65)  # noqa: E731
+    mixed_paged: Callable[[random.Random], int] = lambda rng: rng.randint(1, 30)  # noqa: E731
+    workloads = [
+        _qwen_workload(),
+        _block_table_workload(64, 4096, 65),
+        _builder_workload(
+            "ring-64x4096-n65", "ring", 64, 4096, _fixed(65), "ring_block_table 64x4096, n=65"
+        ),
+        _builder_workload(
+            "ring-8x4096-n65", "ring", 8, 4096, _fixed(65), "ring_block_table 8x4096, n=65"
+        ),
+        _builder_workload(
+            "ring-64x4096-mixed",
+            "ring",
+            64,
+            4096,
+            mixed_ring,
+            "ring_block_table 64x4096, lengths 1..65",
+        ),
+        _builder_workload(
+            "paged-8x128-mixed", "paged", 8, 128, mixed_paged, "paged_block_table 8x128, 1..30 ids"
+        ),
+    ]
+    return {workload.name: workload for workload in workloads}
