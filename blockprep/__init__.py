@@ -6,8 +6,11 @@ persistent buffers that a compiled decode program reads.
 
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError
+from blockprep.buffers import DeviceMirror, host_tensor
 from blockprep.builders import paged_block_table, ring_block_table
 from blockprep.ids import INT32_MAX
+from blockprep.slots import paged_slot_mapping
+from blockprep.tokens import PaddedTokenBuffer
 
 __all__ = [
     "INT32_MAX",
@@ -16,8 +19,12 @@ __all__ = [
     "DecodeBatch",
     "DecodeExecutor",
     "DecodeResult",
+    "DeviceMirror",
+    "PaddedTokenBuffer",
     "StaleRowError",
+    "host_tensor",
     "paged_block_table",
+    "paged_slot_mapping",
     "ring_block_table",
 ]
 __version__ = "0.1.0"
