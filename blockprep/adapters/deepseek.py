@@ -35,7 +35,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.batch import DecodeBatch
-from blockprep.block_table import BlockTable
+from blockprep.block_table import BlockTable, BlockTableStats
 from blockprep.buffers import host_tensor
 from blockprep.ids import INT32_MAX, as_int
 
@@ -431,6 +431,17 @@ class DeepSeekV4DecodePreparer:
     def buffer_slots(self) -> int:
         return len(self._slots)
 
+    def table_stats(self, buffer_slot: int) -> dict[str, BlockTableStats]:
+        """Per group, the counters of ``buffer_slot``'s table (rows written are ``misses``)."""
+        tables = self._slots[buffer_slot].block_tables
+        return {name: table.stats for name, table in zip(GROUP_NAMES, tables, strict=True)}
+
+    def reset_stats(self) -> None:
+        """Zero every table's counters, in every slot."""
+        for slot in self._slots:
+            for table in slot.block_tables:
+                table.reset_stats()
+
     # --- public entry points ---------------------------------------------------------------------
 
     def prepare(self, batch: DecodeBatch, *, buffer_slot: int = 0) -> DeepSeekV4DecodeInputs:
@@ -733,18 +744,19 @@ class DeepSeekV4DecodePreparer:
                 column = list(map(self._getters[gi], dicts))
             except (KeyError, TypeError, IndexError) as error:
                 raise _Invalid(error) from None
-            if set(map(type, column)) != _LIST_TYPE:
-                try:
-                    column = [_as_list(ids, q, group.name) for q, ids in enumerate(column)]
-                except TypeError as error:
-                    raise _Invalid(error) from None
             extended = column + self._scratch[gi]
             rows = list(map(extended.__getitem__, perm))
             held = slot.held[gi]
             try:
-                changed = list(compress(self._row_range, map(operator.ne, rows, held)))
-            except (TypeError, ValueError, RuntimeError) as error:  # ids that do not compare
-                raise _Invalid(error) from None
+                changed = self._changed_rows(group, rows, held)
+            except (TypeError, ValueError, RuntimeError):  # arrays or tensors: compare as lists
+                try:
+                    column = [_as_list(ids, q, group.name) for q, ids in enumerate(column)]
+                except TypeError as error:
+                    raise _Invalid(error) from None
+                extended = column + self._scratch[gi]
+                rows = list(map(extended.__getitem__, perm))
+                changed = self._changed_rows(group, rows, held)
             new_held = held[:]
             next_slot = slot.next_slot[gi]
             writes: list[int] = []
@@ -756,6 +768,11 @@ class DeepSeekV4DecodePreparer:
                     new_held[row] = ids
                     writes.append(row)
                     continue
+                if type(ids) is not list:
+                    try:
+                        rows[row] = ids = _as_list(ids, q, group.name)
+                    except TypeError as error:
+                        raise _Invalid(error) from None
                 src = moved.get(row)
                 if src is not None and held[src] == ids:
                     copies[row] = src
@@ -778,6 +795,15 @@ class DeepSeekV4DecodePreparer:
             ordered, extra = _copy_order(copies)
             plans.append((rows, writes + extra, ordered, new_held, next_slot))
         return plans
+
+    def _changed_rows(
+        self, group: DeepSeekV4CacheGroup, rows: list[Any], held: list[Any]
+    ) -> list[int]:
+        """Rows whose ids differ from what they hold. Groups that follow the 128-token block
+        rarely change: one comparison of all rows settles most steps."""
+        if group.block_tokens == SOURCE_BLOCK_TOKENS and rows == held:
+            return []
+        return list(compress(self._row_range, map(operator.ne, rows, held)))
 
     def _occupancy_changes(
         self, slot: _Slot, assignment: _Assignment
@@ -814,6 +840,8 @@ class DeepSeekV4DecodePreparer:
                 if single and self._new_id_ok(group, ids, ids[hint]):
                     return ids, (hint + 1) % len(ids)
             positions = list(compress(range(len(ids)), map(operator.ne, ids, base)))
+            if not positions:  # the same ids in another container
+                return ids, hint
             if len(positions) <= RING_SLOT_CHECK_MAX and all(
                 self._new_id_ok(group, ids, ids[p]) for p in positions
             ):
@@ -959,7 +987,6 @@ class DeepSeekV4DecodePreparer:
 REPEAT_MESSAGE = "a grouped KV row must not repeat physical blocks"
 RING_SLOT_CHECK_MAX = 4
 """A changed row whose ids differ in at most this many places has only those ids checked."""
-_LIST_TYPE = {list}
 _INT_TYPE = {int}
 _TORCH_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
