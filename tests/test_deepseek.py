@@ -950,6 +950,26 @@ def test_errors_in_incremental_updates_write_nothing() -> None:
     assert_reference(prepare(preparer, batch, 0), batch, layout)
 
 
+def test_a_request_moved_onto_a_padding_row_is_checked() -> None:
+    """A request that moves to a former padding row, its ids now that row's scratch page."""
+    layout = DeepSeekV4Layout(ranks=2, decode_batch=4, num_blocks={g: 8 for g in GROUP_NAMES})
+    preparer = DeepSeekV4DecodePreparer(layout)
+    batch = make_batch([0, 0], ids=[groups(0), groups(1)])
+    prepare(preparer, batch, 0)
+    prepare(preparer, batch, 1)
+    before = everything(preparer)
+    moved = DecodeBatch(
+        request_ids=["r1"],
+        token_ids=torch.tensor([5]),
+        seq_lens=torch.tensor([1]),
+        block_ids_by_group=[groups(1, csa_state=[8])],  # rank 1 row 0's scratch page
+        cache_partitions=[1],
+    )
+    with pytest.raises(ValueError, match=re.escape("[8, 12) is reserved for kernel padding")):
+        preparer.prepare(moved)
+    assert all(torch.equal(a, b) for a, b in zip(before, everything(preparer), strict=True))
+
+
 # --- containers, slots, costs ---------------------------------------------------------------------
 
 

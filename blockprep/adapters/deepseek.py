@@ -357,13 +357,13 @@ class _Slot:
         self.input_np = self.input_ids.numpy().reshape(rows, S)
         self.positions_np = self.position_ids.numpy().reshape(rows, S)
         self.kv_np = self.kv_seq_lens.numpy().reshape(rows)
-        # Per group and table row: the ids the row holds (None: unknown), and the ring slot
-        # most likely to rotate next. Lists held here are never mutated in place.
+        # Per group and table row: the ids the row holds (None: unknown); never mutated in place.
         self.held: list[list[Any]] = [[None] * rows for _ in layout.groups]
-        self.next_slot: list[list[int]] = [[0] * rows for _ in layout.groups]
-        # Per table row: the request it held at the last step (None: padding or unknown). A row
-        # with a request holds validated ids in every group.
+        # Per table row: the request it held when last prepared (None: padding or unknown).
         self.occupants: list[str | None] = [None] * rows
+        # Per group: rows changed by steps prepared into other slots since this one's last
+        # step; None: unknown (never prepared, or far behind), compare every row.
+        self.pending: list[set[int]] | None = None
         self.owner_key: tuple[tuple[int, ...], int] | None = None
 
 
@@ -426,6 +426,12 @@ class DeepSeekV4DecodePreparer:
         # Scratch rows: [num_blocks + k] for the k-th padding row of a rank; never mutated.
         self._scratch = [[[g.num_blocks + k] for k in range(b)] for g in layout.groups]
         self._assignment: _Assignment | None = None
+        # The last step prepared (into any slot): per group every row's checked ids (None:
+        # unknown), the ring slot likely to rotate next per row, and each row's request. A row
+        # with a request holds checked ids; changes are checked against this state, once.
+        self._latest: list[list[Any]] = [[None] * self._rows for _ in layout.groups]
+        self._hints: list[list[int]] = [[0] * self._rows for _ in layout.groups]
+        self._latest_occupants: list[str | None] = [None] * self._rows
 
     @property
     def buffer_slots(self) -> int:
@@ -705,40 +711,72 @@ class DeepSeekV4DecodePreparer:
     # --- tables ----------------------------------------------------------------------------------
 
     def _write_tables(self, slot: _Slot, batch: DecodeBatch, assignment: _Assignment) -> None:
-        """Check the changed rows of every group, then write them (all-or-nothing)."""
+        """Check the rows that changed since the last step (of any slot), then bring this slot's
+        rows up to date: those changed since it was last prepared. All-or-nothing."""
         try:
-            plans = self._plan_tables(slot, batch, assignment)
+            checked = self._check_tables(batch, assignment)
         except _Invalid as invalid:
             _raise_first(self._full_check_error(batch, assignment))
             raise invalid.error from None
-        for gi, (rows, writes, copies, held, next_slot) in enumerate(plans):
+        moved = (
+            {}
+            if slot.occupants == assignment.occupants
+            else _occupancy_changes(slot.occupants, assignment.occupants)[1]
+        )
+        counts = slot.counts_np
+        for gi, (changed, latest, _) in enumerate(checked):
+            held = slot.held[gi]
+            if slot.pending is None:
+                candidates: Any = compress(self._row_range, map(operator.ne, latest, held))
+            else:
+                candidates = slot.pending[gi].union(changed) if slot.pending[gi] else changed
+            writes: list[int] = []
+            copies: dict[int, int] = {}
+            for row in candidates:
+                value, old = latest[row], held[row]
+                if old is value or old == value:
+                    continue
+                src = moved.get(row)
+                if src is not None and held[src] == value:
+                    copies[row] = src
+                else:
+                    writes.append(row)
+                if old is None or len(old) != len(value):
+                    counts[row, gi] = len(value)
             table = slot.block_tables[gi]
-            counts = slot.counts_np
-            for src, dst in copies:
+            ordered, rewrites = _copy_order(copies)
+            for src, dst in ordered:
                 table.copy_row(src, dst)
-                counts[dst, gi] = len(rows[dst])
-            for row in writes:
-                table.write_row(row, rows[row])
-                counts[row, gi] = len(rows[row])
-            slot.held[gi] = held
-            slot.next_slot[gi] = next_slot
+            for row in writes + rewrites:
+                table.write_row(row, latest[row])
+            slot.held[gi] = latest  # shared with the latest state: neither is mutated in place
         slot.occupants = assignment.occupants
+        slot.pending = [set() for _ in GROUP_NAMES]
+        for other in self._slots:
+            if other is not slot and other.pending is not None:
+                for pending, (changed, _, _) in zip(other.pending, checked, strict=True):
+                    pending.update(changed)
+                if max(map(len, other.pending)) > self._rows // 2:
+                    other.pending = None  # far behind: its next prepare compares every row
+        self._latest = [latest for _, latest, _ in checked]
+        self._hints = [hints for _, _, hints in checked]
+        self._latest_occupants = assignment.occupants
 
-    def _plan_tables(
-        self, slot: _Slot, batch: DecodeBatch, assignment: _Assignment
-    ) -> list[tuple[list[Any], list[int], list[tuple[int, int]], list[Any], list[int]]]:
-        """Per group: (the rows' new ids, rows to write, row copies in a safe order, the new held
-        ids, the new ring hints). Raises :class:`_Invalid` on the first bad row found."""
+    def _check_tables(
+        self, batch: DecodeBatch, assignment: _Assignment
+    ) -> list[tuple[list[int], list[Any], list[int]]]:
+        """Per group: (rows whose ids changed since the last step, every row's checked ids, ring
+        hints). Only changed ids are checked; raises :class:`_Invalid` on the first bad one."""
         dicts = batch.block_ids_by_group
         perm = assignment.perm
         A = len(assignment.ranks)
-        same_occupants = slot.occupants == assignment.occupants
-        if same_occupants:
+        before = self._latest_occupants
+        if before == assignment.occupants:
             fresh: list[int] = []
             moved: dict[int, int] = {}
         else:
-            fresh, moved = self._occupancy_changes(slot, assignment)
-        plans = []
+            fresh, moved = _occupancy_changes(before, assignment.occupants)
+        checked = []
         for gi, group in enumerate(self.layout.groups):
             try:
                 column = list(map(self._getters[gi], dicts))
@@ -746,9 +784,9 @@ class DeepSeekV4DecodePreparer:
                 raise _Invalid(error) from None
             extended = column + self._scratch[gi]
             rows = list(map(extended.__getitem__, perm))
-            held = slot.held[gi]
+            latest = self._latest[gi]
             try:
-                changed = self._changed_rows(group, rows, held)
+                changed = self._changed_rows(group, rows, latest)
             except (TypeError, ValueError, RuntimeError):  # arrays or tensors: compare as lists
                 try:
                     column = [_as_list(ids, q, group.name) for q, ids in enumerate(column)]
@@ -756,45 +794,36 @@ class DeepSeekV4DecodePreparer:
                     raise _Invalid(error) from None
                 extended = column + self._scratch[gi]
                 rows = list(map(extended.__getitem__, perm))
-                changed = self._changed_rows(group, rows, held)
-            new_held = held[:]
-            next_slot = slot.next_slot[gi]
-            writes: list[int] = []
-            copies: dict[int, int] = {}
+                changed = self._changed_rows(group, rows, latest)
+            hints = self._hints[gi]
+            new_latest = latest[:] if changed else latest
             for row in changed:
                 ids = rows[row]
                 q = perm[row]
                 if q >= A:  # a padding row whose scratch page changed
-                    new_held[row] = ids
-                    writes.append(row)
+                    new_latest[row] = ids
                     continue
                 if type(ids) is not list:
                     try:
-                        rows[row] = ids = _as_list(ids, q, group.name)
+                        ids = _as_list(ids, q, group.name)
                     except TypeError as error:
                         raise _Invalid(error) from None
                 src = moved.get(row)
-                if src is not None and held[src] == ids:
-                    copies[row] = src
-                    new_held[row] = held[src]
+                if src is not None and latest[src] == ids:
+                    new_latest[row] = latest[src]
                     continue
-                base = held[row] if slot.occupants[row] is not None else None
-                hint = next_slot[row]
-                checked, hint = self._check_row(group, q, ids, base, hint)
-                if checked is not ids:
-                    rows[row] = ids = checked
-                new_held[row] = ids[:]
-                if hint != next_slot[row]:
-                    if next_slot is slot.next_slot[gi]:
-                        next_slot = next_slot[:]
-                    next_slot[row] = hint
-                writes.append(row)
-            for row in fresh:
-                if row not in copies and rows[row] == held[row]:
+                base = latest[row] if before[row] is not None else None
+                good, hint = self._check_row(group, q, ids, base, hints[row])
+                new_latest[row] = good[:] if good is ids else good
+                if hint != hints[row]:
+                    if hints is self._hints[gi]:
+                        hints = hints[:]
+                    hints[row] = hint
+            for row in fresh:  # a request on a former padding row, holding its scratch ids
+                if rows[row] == latest[row]:
                     self._check_row(group, perm[row], rows[row], None, 0)
-            ordered, extra = _copy_order(copies)
-            plans.append((rows, writes + extra, ordered, new_held, next_slot))
-        return plans
+            checked.append((changed, new_latest, hints))
+        return checked
 
     def _changed_rows(
         self, group: DeepSeekV4CacheGroup, rows: list[Any], held: list[Any]
@@ -804,24 +833,6 @@ class DeepSeekV4DecodePreparer:
         if group.block_tokens == SOURCE_BLOCK_TOKENS and rows == held:
             return []
         return list(compress(self._row_range, map(operator.ne, rows, held)))
-
-    def _occupancy_changes(
-        self, slot: _Slot, assignment: _Assignment
-    ) -> tuple[list[int], dict[int, int]]:
-        """Rows whose request is new to them: (rows that held no request before, and the
-        rows whose request sat in another row of this slot last time: row -> that row)."""
-        before = {request: row for row, request in enumerate(slot.occupants) if request is not None}
-        fresh = []
-        moved = {}
-        for row, (old, new) in enumerate(zip(slot.occupants, assignment.occupants, strict=True)):
-            if new is None or new == old:
-                continue
-            src = before.get(new)
-            if src is not None:
-                moved[row] = src
-            if old is None:
-                fresh.append(row)
-        return fresh, moved
 
     def _check_row(
         self, group: DeepSeekV4CacheGroup, q: int, ids: list[Any], base: list[Any] | None, hint: int
@@ -1061,6 +1072,25 @@ def _integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
         if array.dtype.kind not in "iu":
             raise TypeError(f"decode {name} must be integers, got dtype {array.dtype}")
     return array.astype(np.int64, copy=False)
+
+
+def _occupancy_changes(
+    before: list[str | None], after: list[str | None]
+) -> tuple[list[int], dict[int, int]]:
+    """Rows whose request is new to them: (rows that held no request before, and the rows whose
+    request sat in another row before: row -> that row)."""
+    rows_before = {request: row for row, request in enumerate(before) if request is not None}
+    fresh = []
+    moved = {}
+    for row, (old, new) in enumerate(zip(before, after, strict=True)):
+        if new is None or new == old:
+            continue
+        src = rows_before.get(new)
+        if src is not None:
+            moved[row] = src
+        if old is None:
+            fresh.append(row)
+    return fresh, moved
 
 
 def _copy_order(copies: dict[int, int]) -> tuple[list[tuple[int, int]], list[int]]:
