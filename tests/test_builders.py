@@ -303,3 +303,17 @@ def test_read_only_out_is_rejected() -> None:
     out.flags.writeable = False
     with pytest.raises(ValueError, match="out is read-only"):
         ring_block_table([[1]], 4, out=out)
+
+
+def test_callers_ids_are_only_read() -> None:
+    """Read-only inputs work: a builder or a BlockTable never writes the caller's ids."""
+    from blockprep import BlockTable
+
+    table = np.array([[3, 4, 5], [6, 7, 8]], dtype=np.int32)
+    table.flags.writeable = False
+    assert ring_block_table(table, 7).tolist() == [[3, 4, 5, 3, 4, 5, 3], [6, 7, 8, 6, 7, 8, 6]]
+    assert paged_block_table(table, 4).tolist() == [[3, 4, 5, 0], [6, 7, 8, 0]]
+    rows = BlockTable(2, 4, kind="ring")
+    rows.write_rows(list(table))
+    rows.write_row(0, table[1])
+    assert rows.numpy().tolist() == [[6, 7, 8, 6], [6, 7, 8, 6]]
