@@ -5,11 +5,12 @@ one ``[ranks, decode_batch, width]`` int32 table per cache group, ``block_counts
 inputs (tokens, positions, KV lengths, per-rank row counts, logit row indices), with upstream's
 padding rules and error messages. Unlike upstream, which rebuilt all 56 tables every step, a step
 costs what changed: every (buffer slot, group) is a :class:`~blockprep.BlockTable` over that
-slot's ``[ranks * decode_batch, width]`` buffer view, and only the rows whose ids changed are
-checked and written (a rotated ring slot is a strided write, a grown full-history row one cell, a
-request that moved to another local row a row copy, a padding row only when its scratch id
-changes). Every buffer still equals upstream's full rebuild
-(:func:`blockprep.reference.deepseek_v4_decode_rebuild`) after every step.
+slot's ``[ranks * decode_batch, width]`` buffer view. The ids that changed since the previous
+step (of any slot) are checked once, only where they changed; each slot then writes the rows that
+changed since its own last step (a rotated ring slot is a strided write, a grown full-history row
+one cell, a request that moved to another local row a row copy, a padding row only when its
+scratch id changes) and leaves every other slot alone. Every buffer still equals upstream's full
+rebuild (:func:`blockprep.reference.deepseek_v4_decode_rebuild`) after every step.
 
 Deliberate differences from upstream (beyond validating before writing anything):
 
