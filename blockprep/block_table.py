@@ -187,6 +187,8 @@ class BlockTable:
         """
         if type(row) is not int or not 0 <= row < self._num_rows:
             row = self._row_index(row)
+        if type(ids) is list and self._rotated_one_slot(row, ids):
+            return True
         plan = self._plan(row, ids)
         if plan is None:
             self._hits += 1
@@ -352,6 +354,33 @@ class BlockTable:
             return new
         return next(i for i, (a, b) in enumerate(zip(key, cached, strict=False)) if a != b)
 
+    def _rotated_one_slot(self, row: int, ids: list[Any]) -> bool:
+        """The steady-state ring write, done at once: ``ids`` differ from the row's cached ids
+        only in the slot predicted to rotate next, and hold a plain in-range int there. Then
+        write that slot's columns and return True; otherwise change nothing and return False
+        (:meth:`_plan` decides). Same result as the general path, a fraction of its cost."""
+        cached = self._cached[row]
+        if self._kind != "ring" or type(cached) is not list or len(ids) != len(cached):
+            return False
+        slot = self._next_slot[row]
+        value, old = ids[slot], cached[slot]
+        if type(value) is not int or not 0 <= value <= INT32_MAX or value == old:
+            return False
+        cached[slot] = value
+        try:
+            rotated = ids == cached
+        except (TypeError, ValueError):
+            rotated = False
+        if not rotated:
+            cached[slot] = old
+            return False
+        n, width = len(ids), self._max_blocks
+        begin = row * width
+        self._flat[begin + slot : begin + width : n] = value
+        self._next_slot[row] = (slot + 1) % n
+        self._wrote(row, (width - 1 - slot) // n + 1)
+        return True
+
     def _checked(self, row: int, ids: list[Any]) -> list[int]:
         """``ids`` (a row's new ids) as checked ints; plain in-range ints pass without a copy."""
         for x in ids:
@@ -372,19 +401,27 @@ class BlockTable:
     def _changed_slots(self, row: int, key: list[Any], cached: list[Any]) -> list[int]:
         """Slots where ``key`` differs from ``cached`` (equal lengths, not equal).
 
-        Rings rotate their slots in order, so the slot after the last one that changed is tried
-        first: patch it into the cached copy and compare the whole lists once, in C.
+        Rings rotate their slots in order, so the slots after the last one that changed are
+        tried first: patch them into the cached copy one by one (up to ``RING_SLOT_LOOP_MAX``,
+        for a table that catches up several rotations at once) and compare the whole lists, in
+        C, after each; the copy is restored whatever happens. Anything else: a full comparison.
         """
+        n = len(key)
         slot = self._next_slot[row]
-        if key[slot] != cached[slot]:
-            saved = cached[slot]
-            cached[slot] = key[slot]
-            try:
+        patched: list[tuple[int, Any]] = []
+        try:
+            for _ in range(min(RING_SLOT_LOOP_MAX, n)):
+                if key[slot] == cached[slot]:
+                    break
+                patched.append((slot, cached[slot]))
+                cached[slot] = key[slot]
                 if key == cached:
-                    return [slot]
-            finally:
-                cached[slot] = saved
-        return list(compress(range(len(key)), map(operator.ne, key, cached)))
+                    return [changed for changed, _ in patched]
+                slot = (slot + 1) % n
+        finally:
+            for changed, old in reversed(patched):
+                cached[changed] = old
+        return list(compress(range(n), map(operator.ne, key, cached)))
 
     def _apply(self, row: int, plan: _Plan) -> None:
         """Write a checked plan into the buffer and the cache. Never raises."""

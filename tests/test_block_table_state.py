@@ -67,6 +67,7 @@ class BlockTableMachine(RuleBasedStateMachine):
         self.content: list[Any] = list(self.known)
         self.address = self.table.tensor.data_ptr()
         self.dirty: set[int] = set()
+        self.last_changed: dict[int, int] = {}
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -76,7 +77,7 @@ class BlockTableMachine(RuleBasedStateMachine):
         current = self.content[row]
         strategies = ["replace"]
         if isinstance(current, list) and (current or self.kind == "paged"):
-            strategies += ["same", "grow", "shrink", "rotate", "rotate"]
+            strategies += ["same", "grow", "shrink", "rotate", "rotate", "rotate-next"]
         how = data.draw(st.sampled_from(strategies), label="how")
         ids_ = block_ids(max_id=data.draw(st.sampled_from([40, INT32_MAX]), label="max_id"))
         if how == "replace":
@@ -91,6 +92,11 @@ class BlockTableMachine(RuleBasedStateMachine):
         if how == "shrink" and len(current) > low:
             return current[: data.draw(st.integers(low, len(current) - 1), label="keep")]
         ids = list(current)
+        if how == "rotate-next" and ids:
+            # The next slot in ring order, as a scheduler rotates them (the table's fast path).
+            slot = (self.last_changed.get(row, -1) + 1) % len(ids)
+            ids[slot] = data.draw(ids_, label="new id")
+            return ids
         if ids:
             for _ in range(data.draw(st.integers(1, 6), label="slots")):
                 ids[data.draw(st.integers(0, len(ids) - 1), label="slot")] = data.draw(ids_)
@@ -101,6 +107,11 @@ class BlockTableMachine(RuleBasedStateMachine):
         return as_container(ids, data.draw(st.sampled_from(kinds), label="container"))
 
     def model_write(self, row: int, ids: list[int]) -> bool:
+        previous = self.content[row]
+        if isinstance(previous, list) and len(previous) == len(ids):
+            changed = [k for k, (a, b) in enumerate(zip(previous, ids, strict=True)) if a != b]
+            if changed:
+                self.last_changed[row] = changed[-1]
         hit = self.known[row] is not None and self.known[row] == ids
         if not hit:
             self.expected[row] = reference_row(self.kind, ids, self.max_blocks, self.pad)
