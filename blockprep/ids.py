@@ -34,6 +34,7 @@ NEGATIVE_ID_MESSAGE = "block IDs must not be negative"
 Kind = Literal["ring", "paged"]
 
 _LIST_TYPES = frozenset({list, tuple})
+_INT_ONLY = {int}
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,14 @@ def checked_ids(r: int, ids: Iterable[Any], kind: Kind) -> npt.NDArray[np.int32]
 
     Returns them as int32; raises the module's ``TypeError`` or ``ValueError`` otherwise.
     """
+    values = ids if isinstance(ids, list) else list(ids)
+    if not values:
+        return np.empty(0, dtype=np.int32)
+    # The common case, decided in C: plain ints, all in range.
+    if set(map(type, values)) == _INT_ONLY and min(values) >= 0 and max(values) <= INT32_MAX:
+        return np.array(values, dtype=np.int32)
     ints = []
-    for x in ids:
+    for x in values:
         if not _is_integer_id(x):
             name = type(x).__name__
             raise TypeError(
