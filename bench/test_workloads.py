@@ -10,30 +10,22 @@ number. Run with ``pytest bench/ --benchmark-only``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from blockprep.bench.runner import verify
-from blockprep.bench.workloads import CONSTRUCTIONS, Workload, standard_workloads
+from blockprep.bench.workloads import CONSTRUCTIONS, standard_workloads
 
 STEPS = 300
 SEED = 0
 WORKLOADS = standard_workloads()
+"""The same workloads as ``python -m blockprep bench``: one definition serves both."""
 
 
 @functools.cache
-def checked_trace(name: str) -> Sequence[Any]:
-    workload = WORKLOADS[name]
-    trace = workload.trace(STEPS, SEED)
-    verify(workload, trace)
-    return trace
-
-
-def _cold_round(workload: Workload, impl: str, items: Any) -> Any:
-    stepper = workload.constructions[impl]()
-    return (stepper, next(items)), {}
+def check(name: str) -> None:
+    verify(WORKLOADS[name], STEPS, SEED)
 
 
 @pytest.mark.parametrize("impl", CONSTRUCTIONS)
@@ -42,17 +34,19 @@ def test_workload(benchmark: Any, name: str, impl: str) -> None:
     workload = WORKLOADS[name]
     benchmark.group = f"{name}: {workload.description}"
     benchmark.extra_info["impl"] = impl
-    trace = checked_trace(name)
-    items = iter(trace[1:])
+    check(name)
+    items = workload.trace(STEPS, SEED)
+    first = next(items)
+    make = workload.constructions[impl]
     if workload.cold:
         benchmark.pedantic(
             lambda stepper, item: stepper.step(item),
-            setup=lambda: _cold_round(workload, impl, items),
+            setup=lambda: ((make(), next(items)), {}),
             rounds=STEPS,
         )
         return
-    stepper = workload.constructions[impl]()
-    stepper.step(trace[0])
+    stepper = make()
+    stepper.step(first)
     before = stepper.written()
     benchmark.pedantic(stepper.step, setup=lambda: ((next(items),), {}), rounds=STEPS)
     after = stepper.written()

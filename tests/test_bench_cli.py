@@ -80,7 +80,7 @@ def _workload(blockprep: type[_Broken]) -> Workload:
     return Workload(
         "toy",
         "a toy",
-        lambda steps, seed: [np.full((2, 3), i, dtype=np.int32) for i in range(steps + 1)],
+        lambda steps, seed: (np.full((2, 3), i, dtype=np.int32) for i in range(steps + 1)),
         {"pre-fix": _Right, "fix": _Right, "blockprep": blockprep},
         rows=2,
         cells=6,
@@ -92,7 +92,7 @@ def test_a_mismatch_is_an_error_naming_the_first_differing_cell() -> None:
         MismatchError,
         match=r"^toy: blockprep differs from pre-fix at step 2, table\[1, 2\]: 3 != 2$",
     ):
-        verify(_workload(_Broken), _workload(_Broken).trace(5, 0))
+        verify(_workload(_Broken), 5, 0)
     with pytest.raises(MismatchError):
         run_workload(_workload(_Broken), 5, 0)
     results = run_workload(_workload(_Right), 5, 0)
@@ -111,4 +111,4 @@ def test_cli_mismatch_exits_with_the_error_and_no_table(monkeypatch: Any, capsys
 
 def test_standard_workloads_agree_across_constructions() -> None:
     for workload in standard_workloads().values():
-        verify(workload, workload.trace(4, 1))
+        verify(workload, 4, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -48,11 +48,12 @@ class Result:
         return asdict(self)
 
 
-def verify(workload: Workload, trace: Sequence[Any]) -> None:
-    """Run ``trace`` through every construction, comparing all buffers after every step."""
+def verify(workload: Workload, steps: int, seed: int) -> None:
+    """Run the trace through every construction in lockstep, comparing all buffers after every
+    step."""
     steppers = {name: make() for name, make in workload.constructions.items()}
     baseline = CONSTRUCTIONS[0]
-    for index, item in enumerate(trace):
+    for index, item in enumerate(workload.trace(steps, seed)):
         for stepper in steppers.values():
             stepper.step(item)
         expected = steppers[baseline].buffers()
@@ -66,19 +67,22 @@ def verify(workload: Workload, trace: Sequence[Any]) -> None:
                     )
 
 
-def time_steps(workload: Workload, make: Callable[[], Stepper], trace: Sequence[Any]) -> Result:
-    """Time every step of ``trace[1:]``; ``trace[0]`` warms up (for a cold workload, every step
-    runs on a fresh construction and only the step is timed)."""
+def time_steps(workload: Workload, make: Callable[[], Stepper], steps: int, seed: int) -> Result:
+    """Time every step of the trace but the first, which warms up (for a cold workload, every
+    step runs on a fresh construction and only the step is timed). Making a step's input is not
+    timed."""
     durations: list[int] = []
     rows = cells = 0
+    trace = workload.trace(steps, seed)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         stepper = make()
+        first = next(trace)
         if not workload.cold:
-            stepper.step(trace[0])
+            stepper.step(first)
         before = stepper.written()
-        for item in trace[1:]:
+        for item in trace:
             if workload.cold:
                 stepper = make()
             start = time.perf_counter_ns()
@@ -129,13 +133,12 @@ def run_workload(
 ) -> list[Result]:
     """Check, then time, every construction of ``workload`` on one trace; ``done`` is called with
     the name of each phase ("check", then each construction) as it finishes."""
-    trace = workload.trace(steps, seed)
-    verify(workload, trace)
+    verify(workload, steps, seed)
     done("check")
     floor = memory_floor(workload.cells)
     timed = {}
     for name, make in workload.constructions.items():
-        timed[name] = time_steps(workload, make, trace)
+        timed[name] = time_steps(workload, make, steps, seed)
         done(name)
     baseline = timed[CONSTRUCTIONS[0]].median_us
     return [

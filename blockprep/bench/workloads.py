@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -18,10 +18,17 @@ import numpy.typing as npt
 import torch
 
 from blockprep import reference
+from blockprep.adapters.deepseek import (
+    GROUP_NAMES,
+    DeepSeekV4DecodeInputs,
+    DeepSeekV4DecodePreparer,
+    DeepSeekV4Layout,
+)
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.batch import DecodeBatch
 from blockprep.block_table import BlockTable
 from blockprep.builders import paged_block_table, ring_block_table
+from blockprep.testing import DeepSeekV4SchedulerSim
 
 CONSTRUCTIONS = ("pre-fix", "fix", "blockprep")
 
@@ -43,15 +50,17 @@ class Stepper(Protocol):
 class Workload:
     """A benchmark workload.
 
-    ``trace(steps, seed)`` returns ``steps + 1`` step inputs; the first one warms the
-    constructions up and is not timed, unless ``cold``, where every timed step runs on a fresh
+    ``trace(steps, seed)`` yields ``steps + 1`` step inputs, lazily, as a scheduler would: the
+    same sequence on every call, each input made just before it is prepared (and it may be
+    mutated once the next one is made, like a scheduler's live page lists). The first input warms
+    the constructions up and is not timed, unless ``cold``, where every timed step runs on a fresh
     construction. ``rows`` and ``cells`` are the block-table rows and cells one full rewrite
     writes (the memory floor is the time to copy ``cells`` int32 values).
     """
 
     name: str
     description: str
-    trace: Callable[[int, int], Sequence[Any]]
+    trace: Callable[[int, int], Iterator[Any]]
     constructions: Mapping[str, Callable[[], Stepper]]
     rows: int
     cells: int
@@ -80,10 +89,11 @@ class _BuilderStepper:
 
 
 def _ring_rows(rows: int, lengths: Callable[[random.Random], int]) -> Callable[[int, int], Any]:
-    def trace(steps: int, seed: int) -> list[list[list[int]]]:
+    def trace(steps: int, seed: int) -> Iterator[list[list[int]]]:
         rng = random.Random(seed)
         table = [rng.sample(range(100_000), lengths(rng)) for _ in range(rows)]
-        return [table] * (steps + 1)
+        for _ in range(steps + 1):
+            yield table
 
     return trace
 
@@ -125,16 +135,17 @@ def _builder_workload(
 # --- BlockTable: a ring table kept across steps ---------------------------------------------------
 
 
-def ring_rotation_trace(rows: int, ring: int, steps: int, seed: int) -> list[list[list[int]]]:
-    """``steps + 1`` snapshots of ``rows`` ring rows of ``ring`` ids: step s rotates, in slot
-    order, one slot of each row r with ``(r + s) % 4 == 0`` to a fresh page from a free queue."""
+def ring_rotation_trace(rows: int, ring: int, steps: int, seed: int) -> Iterator[list[list[int]]]:
+    """``steps + 1`` states of ``rows`` ring rows of ``ring`` ids (live lists, rotated in place):
+    step s rotates, in slot order, one slot of each row r with ``(r + s) % 4 == 0`` to a fresh
+    page from a free queue."""
     rng = random.Random(seed)
     pool = list(range(rows * ring * 4))
     rng.shuffle(pool)
     table = [[pool.pop() for _ in range(ring)] for _ in range(rows)]
     free = collections.deque(pool)
     next_slot = [0] * rows
-    snapshots = [[list(row) for row in table]]
+    yield table
     for step in range(1, steps + 1):
         for r in range(rows):
             if (r + step) % 4 == 0:
@@ -142,8 +153,7 @@ def ring_rotation_trace(rows: int, ring: int, steps: int, seed: int) -> list[lis
                 free.append(table[r][slot])
                 table[r][slot] = free.popleft()
                 next_slot[r] = (slot + 1) % ring
-        snapshots.append([list(row) for row in table])
-    return snapshots
+        yield table
 
 
 class _BlockTableStepper:
@@ -186,29 +196,26 @@ def _block_table_workload(rows: int, width: int, ring: int) -> Workload:
 QWEN_BATCH, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD = 16, 4096, 128, 8
 
 
-def qwen_trace(steps: int, seed: int) -> list[DecodeBatch]:
+def qwen_trace(steps: int, seed: int) -> Iterator[DecodeBatch]:
     """B=16 requests around sequence length 3338 decoding together, a page appended to a
-    request's list every 128 tokens (upstream PR #97's benchmark shape)."""
+    request's live list every 128 tokens (upstream PR #97's benchmark shape)."""
     rng = random.Random(seed)
     free = list(range(QWEN_BATCH * QWEN_MAX_SEQ_LEN // QWEN_PAGE_SIZE))
     rng.shuffle(free)
     seq_lens = [3338 + rng.randrange(-200, 200) for _ in range(QWEN_BATCH)]
     pages = [[free.pop() for _ in range(-(-s // QWEN_PAGE_SIZE))] for s in seq_lens]
-    batches = []
+    request_ids = [f"r{i}" for i in range(QWEN_BATCH)]
     for _ in range(steps + 1):
-        batches.append(
-            DecodeBatch(
-                request_ids=[f"r{i}" for i in range(QWEN_BATCH)],
-                token_ids=torch.tensor([rng.randrange(151_000) for _ in range(QWEN_BATCH)]),
-                seq_lens=torch.tensor(seq_lens),
-                block_ids=[list(row) for row in pages],
-            )
+        yield DecodeBatch(
+            request_ids=request_ids,
+            token_ids=torch.tensor([rng.randrange(151_000) for _ in range(QWEN_BATCH)]),
+            seq_lens=torch.tensor(seq_lens),
+            block_ids=pages,
         )
         for i in range(QWEN_BATCH):
             seq_lens[i] += 1
             if (seq_lens[i] - 1) // QWEN_PAGE_SIZE >= len(pages[i]):
                 pages[i].append(free.pop())
-    return batches
 
 
 _QWEN_BUFFERS = ("token_ids", "seq_lens", "block_table", "slot_mapping")
@@ -260,6 +267,105 @@ def _qwen_workload() -> Workload:
     )
 
 
+# --- DeepSeek V4 decode preparation ---------------------------------------------------------------
+
+DS_RANKS, DS_BATCH, DS_WARMUP = 8, 8, 100
+
+
+def _deepseek_sim(seed: int) -> DeepSeekV4SchedulerSim:
+    """8 ranks x 8 requests, every rank full, prompts long enough that every ring is full and
+    rotating; a request that reaches its length is replaced."""
+    return DeepSeekV4SchedulerSim(
+        ranks=DS_RANKS,
+        decode_batch=DS_BATCH,
+        seed=seed,
+        join_probability=1.0,
+        leave_probability=0.0,
+        prompt_lengths=(300, 8000),
+    )
+
+
+DS_LAYOUT = DeepSeekV4Layout(
+    ranks=DS_RANKS, decode_batch=DS_BATCH, num_blocks=_deepseek_sim(0).num_blocks
+)
+DS_FIELDS = (
+    "block_counts",
+    "input_ids",
+    "position_ids",
+    "kv_seq_lens",
+    "num_tokens_per_owner",
+    "logit_row_indices",
+)
+
+
+def deepseek_trace(steps: int, seed: int) -> Iterator[DecodeBatch]:
+    """``steps + 1`` consecutive batches after ``DS_WARMUP`` steps of the simulation."""
+    sim = _deepseek_sim(seed)
+    for _ in range(DS_WARMUP):
+        sim.step()
+    for _ in range(steps + 1):
+        yield sim.step()
+
+
+class _DeepSeekRebuildStepper:
+    def __init__(self, fix: bool) -> None:
+        self.fix = fix
+        self.out: dict[str, torch.Tensor] | None = None
+
+    def step(self, item: Any) -> None:
+        self.out = reference.deepseek_v4_decode_rebuild(
+            item,
+            ranks=DS_RANKS,
+            decode_batch=DS_BATCH,
+            decode_seq=1,
+            num_blocks=DS_LAYOUT.num_blocks,
+            fix=self.fix,
+            out=self.out,
+        )
+
+    def buffers(self) -> dict[str, npt.NDArray[Any]]:
+        assert self.out is not None
+        return {name: self.out[name].numpy() for name in (*GROUP_NAMES, *DS_FIELDS)}
+
+    def written(self) -> tuple[int, int] | None:
+        return None
+
+
+class _DeepSeekStepper:
+    def __init__(self) -> None:
+        self.preparer = DeepSeekV4DecodePreparer(DS_LAYOUT, buffer_slots=1)
+        self.inputs: DeepSeekV4DecodeInputs | None = None
+
+    def step(self, item: Any) -> None:
+        self.inputs = self.preparer.prepare(item)
+
+    def buffers(self) -> dict[str, npt.NDArray[Any]]:
+        assert self.inputs is not None
+        tables = {name: self.inputs.tables[name].numpy() for name in GROUP_NAMES}
+        return {**tables, **{name: getattr(self.inputs, name).numpy() for name in DS_FIELDS}}
+
+    def written(self) -> tuple[int, int] | None:
+        stats = self.preparer.table_stats(0).values()
+        return sum(s.misses for s in stats), sum(s.cells_written for s in stats)
+
+
+def _deepseek_workload(cold: bool) -> Workload:
+    shape = f"{DS_RANKS} ranks x {DS_BATCH} rows, 56 tables"
+    return Workload(
+        "deepseek-v4-cold" if cold else "deepseek-v4-steady",
+        f"DeepSeek V4 {'first step of a fresh preparer' if cold else 'steady step'}: {shape}",
+        deepseek_trace,
+        {
+            "pre-fix": lambda: _DeepSeekRebuildStepper(fix=False),
+            "fix": lambda: _DeepSeekRebuildStepper(fix=True),
+            "blockprep": _DeepSeekStepper,
+        },
+        DS_RANKS * DS_BATCH * len(GROUP_NAMES),
+        DS_RANKS * DS_BATCH * sum(group.width for group in DS_LAYOUT.groups),
+        cold=cold,
+    )
+
+
 def _fixed(n: int) -> Callable[[random.Random], int]:
     return lambda rng: n
 
@@ -269,6 +375,8 @@ def standard_workloads() -> dict[str, Workload]:
     mixed_ring: Callable[[random.Random], int] = lambda rng: rng.randint(1, 65)  # noqa: E731
     mixed_paged: Callable[[random.Random], int] = lambda rng: rng.randint(1, 30)  # noqa: E731
     workloads = [
+        _deepseek_workload(cold=False),
+        _deepseek_workload(cold=True),
         _qwen_workload(),
         _block_table_workload(64, 4096, 65),
         _builder_workload(
