@@ -17,7 +17,7 @@ def test_python_examples_run(document: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", document.read_text(), flags=re.DOTALL)
     namespace: dict[str, object] = {"__name__": f"docs.{document.stem}"}
     for block in blocks:
-        exec(compile(block, str(document), "exec"), namespace)
+        exec(compile(block, f"<{document.name}>", "exec"), namespace)
 
 
 def test_readme_has_examples_and_the_ci_test_command() -> None:
