@@ -187,8 +187,11 @@ class BlockTable:
         """
         if type(row) is not int or not 0 <= row < self._num_rows:
             row = self._row_index(row)
-        if type(ids) is list and self._rotated_one_slot(row, ids):
-            return True
+        if type(ids) is list:
+            slot = self._predicted_rotation(row, ids)
+            if slot >= 0:
+                self._write_rotation(row, len(ids), slot, ids[slot])
+                return True
         plan = self._plan(row, ids)
         if plan is None:
             self._hits += 1
@@ -210,14 +213,22 @@ class BlockTable:
         if start + len(batch) > self._num_rows:
             self._row_index(self._num_rows)  # raises, naming the first row past the end
         plans = []
+        rotations = []
         for row, ids in enumerate(batch, start):
+            if type(ids) is list:
+                slot = self._predicted_rotation(row, ids)
+                if slot >= 0:
+                    rotations.append((row, len(ids), slot, ids[slot]))
+                    continue
             plan = self._plan(row, ids)
             if plan is not None:
                 plans.append((row, plan))
-        self._hits += len(batch) - len(plans)
+        self._hits += len(batch) - len(plans) - len(rotations)
+        for rotation in rotations:
+            self._write_rotation(*rotation)
         for row, plan in plans:
             self._apply(row, plan)
-        return len(plans)
+        return len(plans) + len(rotations)
 
     def copy_row(self, src: int, dst: int) -> bool:
         """Make row ``dst`` a copy of row ``src``; return whether anything was written."""
@@ -354,32 +365,34 @@ class BlockTable:
             return new
         return next(i for i, (a, b) in enumerate(zip(key, cached, strict=False)) if a != b)
 
-    def _rotated_one_slot(self, row: int, ids: list[Any]) -> bool:
-        """The steady-state ring write, done at once: ``ids`` differ from the row's cached ids
-        only in the slot predicted to rotate next, and hold a plain in-range int there. Then
-        write that slot's columns and return True; otherwise change nothing and return False
-        (:meth:`_plan` decides). Same result as the general path, a fraction of its cost."""
+    def _predicted_rotation(self, row: int, ids: list[Any]) -> int:
+        """The steady-state ring write, recognised at the cost of one list comparison: the slot
+        predicted to rotate next, when ``ids`` differ from the row's cached ids there only and
+        hold a plain in-range int there; else -1 (:meth:`_plan` decides). Changes nothing."""
         cached = self._cached[row]
         if self._kind != "ring" or type(cached) is not list or len(ids) != len(cached):
-            return False
+            return -1
         slot = self._next_slot[row]
         value, old = ids[slot], cached[slot]
         if type(value) is not int or not 0 <= value <= INT32_MAX or value == old:
-            return False
+            return -1
         cached[slot] = value
         try:
             rotated = ids == cached
         except (TypeError, ValueError):
             rotated = False
-        if not rotated:
+        finally:
             cached[slot] = old
-            return False
-        n, width = len(ids), self._max_blocks
+        return slot if rotated else -1
+
+    def _write_rotation(self, row: int, n: int, slot: int, value: int) -> None:
+        """Ring row of ``n`` ids: slot ``slot`` now holds ``value`` (columns ``j % n == slot``)."""
+        width = self._max_blocks
         begin = row * width
         self._flat[begin + slot : begin + width : n] = value
+        self._cached[row][slot] = value
         self._next_slot[row] = (slot + 1) % n
         self._wrote(row, (width - 1 - slot) // n + 1)
-        return True
 
     def _checked(self, row: int, ids: list[Any]) -> list[int]:
         """``ids`` (a row's new ids) as checked ints; plain in-range ints pass without a copy."""
@@ -447,12 +460,8 @@ class BlockTable:
     def _write_slots(self, row: int, ids: list[Any], slots: list[int], values: Any) -> None:
         """Ring row: rewrite the columns ``j`` with ``j % n`` in ``slots``, strided."""
         n, width = len(ids), self._max_blocks
-        if len(slots) == 1:  # the common case: one slot rotated
-            slot, value = slots[0], values[0]
-            self._flat[row * width + slot : (row + 1) * width : n] = value
-            self._cached[row][slot] = value
-            self._next_slot[row] = (slot + 1) % n
-            self._wrote(row, (width - 1 - slot) // n + 1)
+        if len(slots) == 1:
+            self._write_rotation(row, n, slots[0], values[0])
             return
         if len(slots) <= RING_SLOT_LOOP_MAX:
             begin, end = row * width, (row + 1) * width
