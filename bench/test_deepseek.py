@@ -28,25 +28,19 @@ import torch
 
 from blockprep.adapters.deepseek import (
     GROUP_NAMES,
+    INPUT_FIELDS,
     DeepSeekV4DecodeInputs,
     DeepSeekV4DecodePreparer,
     DeepSeekV4Layout,
 )
 from blockprep.batch import DecodeBatch
+from blockprep.bench.workloads import deepseek_steady_sim
 from blockprep.reference import deepseek_v4_decode_rebuild
 from blockprep.testing import DeepSeekV4SchedulerSim
 
 RANKS, BATCH = 8, 8
 WARMUP, STEPS, COLD_ROUNDS = 100, 300, 30
 SEED = 2026
-FIELDS = (
-    "block_counts",
-    "input_ids",
-    "position_ids",
-    "kv_seq_lens",
-    "num_tokens_per_owner",
-    "logit_row_indices",
-)
 SHAPE = f"{RANKS} ranks x {BATCH} rows, 56 tables"
 STEADY = {1: f"deepseek v4 steady step: {SHAPE}, one buffer slot"}
 STEADY[2] = f"deepseek v4 steady step: {SHAPE}, two ping-pong slots"
@@ -54,15 +48,8 @@ COLD = f"deepseek v4 cold first step: {SHAPE}"
 FLOOR = f"deepseek v4 memory floor: copy all 56 tables' bytes ({SHAPE})"
 
 
-def simulator() -> DeepSeekV4SchedulerSim:
-    return DeepSeekV4SchedulerSim(
-        ranks=RANKS,
-        decode_batch=BATCH,
-        seed=SEED,
-        join_probability=1.0,
-        leave_probability=0.0,
-        prompt_lengths=(300, 8000),
-    )
+def simulator(**options: Any) -> DeepSeekV4SchedulerSim:
+    return deepseek_steady_sim(SEED, **options)
 
 
 LAYOUT = DeepSeekV4Layout(ranks=RANKS, decode_batch=BATCH, num_blocks=simulator().num_blocks)
@@ -84,7 +71,7 @@ def rebuild(batch: DecodeBatch, *, fix: bool, out: dict[str, torch.Tensor] | Non
 def assert_equal(inputs: DeepSeekV4DecodeInputs, expected: dict[str, torch.Tensor]) -> None:
     for name in GROUP_NAMES:
         assert torch.equal(inputs.tables[name], expected[name]), name
-    for name in FIELDS:
+    for name in INPUT_FIELDS:
         assert torch.equal(getattr(inputs, name), expected[name]), name
 
 
@@ -165,15 +152,7 @@ def test_cold_first_step(benchmark: Any, impl: str) -> None:
     """The first step of a fresh preparer (every row checked and written) at steady state."""
     benchmark.group = COLD
     benchmark.extra_info["impl"] = impl
-    sim = DeepSeekV4SchedulerSim(
-        ranks=RANKS,
-        decode_batch=BATCH,
-        seed=SEED,
-        join_probability=1.0,
-        leave_probability=0.0,
-        prompt_lengths=(300, 8000),
-        fresh_lists=True,
-    )
+    sim = simulator(fresh_lists=True)
     for _ in range(WARMUP):
         batch = sim.step()
     expected = rebuild(batch, fix=False)

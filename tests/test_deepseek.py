@@ -14,6 +14,7 @@ import torch
 
 from blockprep.adapters.deepseek import (
     GROUP_NAMES,
+    INPUT_FIELDS,
     DeepSeekV4DecodeInputs,
     DeepSeekV4DecodePreparer,
     DeepSeekV4Layout,
@@ -27,14 +28,6 @@ from blockprep.reference import (
     ring_block_table_repeat,
 )
 
-FIELDS = (
-    "block_counts",
-    "input_ids",
-    "position_ids",
-    "kv_seq_lens",
-    "num_tokens_per_owner",
-    "logit_row_indices",
-)
 HOST = "DeepSeek V4 decode requires host hidden states"
 PREVIOUS = "DeepSeekV4 MTP decode requires previous token IDs and embeddings"
 
@@ -70,9 +63,7 @@ def everything(preparer: DeepSeekV4DecodePreparer) -> list[torch.Tensor]:
     found = []
     for slot in range(preparer.buffer_slots):
         inputs = views(preparer, slot)
-        found += [
-            t.clone() for t in (*inputs.tables.values(), *(getattr(inputs, f) for f in FIELDS))
-        ]
+        found += [t.clone() for t in inputs.buffers().values()]
     return found
 
 
@@ -109,7 +100,7 @@ def assert_reference(
     )
     for name in GROUP_NAMES:
         assert torch.equal(inputs.tables[name], expected[name]), name
-    for name in FIELDS:
+    for name in INPUT_FIELDS:
         assert torch.equal(getattr(inputs, name), expected[name]), name
 
 
@@ -248,13 +239,11 @@ def test_buffers_have_upstream_shapes_dtypes_and_stable_shared_addresses() -> No
     for name, (shape, dtype) in expected.items():
         tensor = getattr(first, name)
         assert (tuple(tensor.shape), tensor.dtype) == (shape, dtype)
-    pointers = [
-        t.data_ptr() for t in (*first.tables.values(), *(getattr(first, f) for f in FIELDS))
-    ]
+    pointers = [t.data_ptr() for t in first.buffers().values()]
     for seq in ([6, 131], [7, 132]):
         again = prepare(preparer, make_batch([0, 3], seq_lens=seq))
         assert again.tables["ori"] is first.tables["ori"]
-        tensors = (*again.tables.values(), *(getattr(again, f) for f in FIELDS))
+        tensors = tuple(again.buffers().values())
         assert [t.data_ptr() for t in tensors] == pointers
         assert all(t.is_shared() for t in tensors)
 
@@ -1003,12 +992,12 @@ def test_slots_are_independent() -> None:
     assert first.input_ids.data_ptr() != second.input_ids.data_ptr()
     assert first.tables["ori"].data_ptr() != second.tables["ori"].data_ptr()
     assert first.input_ids.abs().sum() == 0 and second.input_ids.abs().sum() == 0
-    snapshot = [t.clone() for t in (*first.tables.values(), *(getattr(first, f) for f in FIELDS))]
+    snapshot = [t.clone() for t in first.buffers().values()]
     preparer.reset_stats()
     other = make_batch([1, 0], tokens=[4, 5], seq_lens=[200, 300], ids=[groups(3), groups(4)])
     assert_reference(prepare(preparer, other, 1), other, layout)
     assert all(s.cells_written == 0 and s.misses == 0 for s in preparer.table_stats(0).values())
-    now = [t for t in (*first.tables.values(), *(getattr(first, f) for f in FIELDS))]
+    now = list(first.buffers().values())
     assert all(torch.equal(a, b) for a, b in zip(snapshot, now, strict=True))
     assert_reference(prepare(preparer, zero, 0), zero, layout)
 

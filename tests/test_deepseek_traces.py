@@ -11,6 +11,7 @@ import torch
 
 from blockprep.adapters.deepseek import (
     GROUP_NAMES,
+    INPUT_FIELDS,
     DeepSeekV4DecodeInputs,
     DeepSeekV4DecodePreparer,
     DeepSeekV4Layout,
@@ -20,19 +21,11 @@ from blockprep.reference import deepseek_v4_decode_rebuild, deepseek_v4_x_hc
 from blockprep.testing import DeepSeekV4SchedulerSim
 
 STEPS = 500
-FIELDS = (
-    "block_counts",
-    "input_ids",
-    "position_ids",
-    "kv_seq_lens",
-    "num_tokens_per_owner",
-    "logit_row_indices",
-)
 
 
 def buffers(inputs: DeepSeekV4DecodeInputs) -> dict[str, torch.Tensor]:
     found = {name: inputs.tables[name] for name in GROUP_NAMES}
-    found.update({name: getattr(inputs, name) for name in FIELDS})
+    found.update({name: getattr(inputs, name) for name in INPUT_FIELDS})
     if inputs.x_hc is not None:
         found["x_hc"] = inputs.x_hc
     return found

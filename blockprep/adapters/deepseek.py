@@ -51,6 +51,17 @@ GROUP_NAMES = (
 )
 """The 7 cache groups in upstream's canonical order (``block_counts`` column order)."""
 
+INPUT_FIELDS = (
+    "block_counts",
+    "input_ids",
+    "position_ids",
+    "kv_seq_lens",
+    "num_tokens_per_owner",
+    "logit_row_indices",
+)
+"""A slot's buffers besides the 7 tables, by their names in :class:`DeepSeekV4DecodeInputs` and
+:func:`blockprep.reference.deepseek_v4_decode_rebuild`."""
+
 SOURCE_BLOCK_TOKENS = 128
 """Tokens per block of the ``ori``, ``cmp_*`` and ``idx`` groups (upstream ``BLOCK_SIZE``)."""
 COMPILED_SOURCE_BLOCKS = 128
@@ -265,6 +276,10 @@ class DeepSeekV4DecodeInputs:
     ranks: tuple[int, ...]
     local_rows: tuple[int, ...]
     buffer_slot: int
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The 7 tables and the :data:`INPUT_FIELDS` buffers, by name (not ``x_hc``)."""
+        return {**self.tables, **{name: getattr(self, name) for name in INPUT_FIELDS}}
 
 
 def accept_mtp_tokens(

@@ -20,6 +20,7 @@ import torch
 from blockprep import reference
 from blockprep.adapters.deepseek import (
     GROUP_NAMES,
+    INPUT_FIELDS,
     DeepSeekV4DecodeInputs,
     DeepSeekV4DecodePreparer,
     DeepSeekV4Layout,
@@ -88,7 +89,7 @@ class _BuilderStepper:
         return None
 
 
-def _ring_rows(rows: int, lengths: Callable[[random.Random], int]) -> Callable[[int, int], Any]:
+def _same_rows(rows: int, lengths: Callable[[random.Random], int]) -> Callable[[int, int], Any]:
     def trace(steps: int, seed: int) -> Iterator[list[list[int]]]:
         rng = random.Random(seed)
         table = [rng.sample(range(100_000), lengths(rng)) for _ in range(rows)]
@@ -98,38 +99,36 @@ def _ring_rows(rows: int, lengths: Callable[[random.Random], int]) -> Callable[[
     return trace
 
 
+def _rebuild(builder: Callable[..., torch.Tensor], rows: int, width: int) -> Callable[[], Stepper]:
+    """An upstream builder as upstream used it: build the table, copy it into the buffer."""
+    return lambda: _BuilderStepper(
+        lambda ids, out: out.copy_(builder(ids, max_blocks=width)), (rows, width)
+    )
+
+
+_BUILDERS: dict[str, tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor], Any]] = {
+    "ring": (
+        reference.ring_block_table_repeat,
+        reference.ring_block_table_gather,
+        ring_block_table,
+    ),
+    "paged": (reference.block_table_per_row, reference.block_table_one_tensor, paged_block_table),
+}
+"""Per table kind: upstream's builder before its fix, after it, and blockprep's."""
+
+
 def _builder_workload(
     name: str, kind: str, rows: int, width: int, lengths: Callable[[random.Random], int], what: str
 ) -> Workload:
-    if kind == "ring":
-        constructions = {
-            "pre-fix": lambda: _BuilderStepper(
-                lambda r, out: out.copy_(reference.ring_block_table_repeat(r, max_blocks=width)),
-                (rows, width),
-            ),
-            "fix": lambda: _BuilderStepper(
-                lambda r, out: out.copy_(reference.ring_block_table_gather(r, max_blocks=width)),
-                (rows, width),
-            ),
-            "blockprep": lambda: _BuilderStepper(
-                lambda r, out: ring_block_table(r, width, out=out), (rows, width)
-            ),
-        }
-    else:
-        constructions = {
-            "pre-fix": lambda: _BuilderStepper(
-                lambda r, out: out.copy_(reference.block_table_per_row(r, max_blocks=width)),
-                (rows, width),
-            ),
-            "fix": lambda: _BuilderStepper(
-                lambda r, out: out.copy_(reference.block_table_one_tensor(r, max_blocks=width)),
-                (rows, width),
-            ),
-            "blockprep": lambda: _BuilderStepper(
-                lambda r, out: paged_block_table(r, width, out=out), (rows, width)
-            ),
-        }
-    return Workload(name, what, _ring_rows(rows, lengths), constructions, rows, rows * width)
+    pre_fix, fix, ours = _BUILDERS[kind]
+    constructions = {
+        "pre-fix": _rebuild(pre_fix, rows, width),
+        "fix": _rebuild(fix, rows, width),
+        "blockprep": lambda: _BuilderStepper(
+            lambda ids, out: ours(ids, width, out=out), (rows, width)
+        ),
+    }
+    return Workload(name, what, _same_rows(rows, lengths), constructions, rows, rows * width)
 
 
 # --- BlockTable: a ring table kept across steps ---------------------------------------------------
@@ -172,18 +171,13 @@ class _BlockTableStepper:
 
 
 def _block_table_workload(rows: int, width: int, ring: int) -> Workload:
-    def rebuild(builder: Callable[..., torch.Tensor]) -> Callable[[], Stepper]:
-        return lambda: _BuilderStepper(
-            lambda r, out: out.copy_(builder(r, max_blocks=width)), (rows, width)
-        )
-
     return Workload(
         f"blocktable-ring-{rows}x{width}",
         f"BlockTable, ring {rows}x{width} n={ring}: 1/4 of rows rotate one slot per step",
         lambda steps, seed: ring_rotation_trace(rows, ring, steps, seed),
         {
-            "pre-fix": rebuild(reference.ring_block_table_repeat),
-            "fix": rebuild(reference.ring_block_table_gather),
+            "pre-fix": _rebuild(reference.ring_block_table_repeat, rows, width),
+            "fix": _rebuild(reference.ring_block_table_gather, rows, width),
             "blockprep": lambda: _BlockTableStepper(rows, width),
         },
         rows,
@@ -272,9 +266,10 @@ def _qwen_workload() -> Workload:
 DS_RANKS, DS_BATCH, DS_WARMUP = 8, 8, 100
 
 
-def _deepseek_sim(seed: int) -> DeepSeekV4SchedulerSim:
+def deepseek_steady_sim(seed: int, **options: Any) -> DeepSeekV4SchedulerSim:
     """8 ranks x 8 requests, every rank full, prompts long enough that every ring is full and
-    rotating; a request that reaches its length is replaced."""
+    rotating; a request that reaches its length is replaced. ``options``: more
+    :class:`DeepSeekV4SchedulerSim` arguments (``fresh_lists``, ...)."""
     return DeepSeekV4SchedulerSim(
         ranks=DS_RANKS,
         decode_batch=DS_BATCH,
@@ -282,25 +277,18 @@ def _deepseek_sim(seed: int) -> DeepSeekV4SchedulerSim:
         join_probability=1.0,
         leave_probability=0.0,
         prompt_lengths=(300, 8000),
+        **options,
     )
 
 
 DS_LAYOUT = DeepSeekV4Layout(
-    ranks=DS_RANKS, decode_batch=DS_BATCH, num_blocks=_deepseek_sim(0).num_blocks
-)
-DS_FIELDS = (
-    "block_counts",
-    "input_ids",
-    "position_ids",
-    "kv_seq_lens",
-    "num_tokens_per_owner",
-    "logit_row_indices",
+    ranks=DS_RANKS, decode_batch=DS_BATCH, num_blocks=deepseek_steady_sim(0).num_blocks
 )
 
 
 def deepseek_trace(steps: int, seed: int) -> Iterator[DecodeBatch]:
     """``steps + 1`` consecutive batches after ``DS_WARMUP`` steps of the simulation."""
-    sim = _deepseek_sim(seed)
+    sim = deepseek_steady_sim(seed)
     for _ in range(DS_WARMUP):
         sim.step()
     for _ in range(steps + 1):
@@ -325,7 +313,7 @@ class _DeepSeekRebuildStepper:
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
         assert self.out is not None
-        return {name: self.out[name].numpy() for name in (*GROUP_NAMES, *DS_FIELDS)}
+        return {name: self.out[name].numpy() for name in (*GROUP_NAMES, *INPUT_FIELDS)}
 
     def written(self) -> tuple[int, int] | None:
         return None
@@ -341,8 +329,7 @@ class _DeepSeekStepper:
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
         assert self.inputs is not None
-        tables = {name: self.inputs.tables[name].numpy() for name in GROUP_NAMES}
-        return {**tables, **{name: getattr(self.inputs, name).numpy() for name in DS_FIELDS}}
+        return {name: tensor.numpy() for name, tensor in self.inputs.buffers().items()}
 
     def written(self) -> tuple[int, int] | None:
         stats = self.preparer.table_stats(0).values()
