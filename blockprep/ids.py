@@ -91,7 +91,7 @@ def check_pad(pad: int) -> int:
 def id_rows(rows: Any, max_blocks: int, kind: Kind) -> IdRows:
     """Validate ``rows`` for a ``kind`` table of width ``max_blocks``; see the module docstring."""
     if isinstance(rows, (np.ndarray, torch.Tensor)) and rows.ndim == 2:
-        if _has_integer_dtype(rows):
+        if has_integer_dtype(rows):
             table = _as_numpy(rows)
             if _table_is_valid(table, max_blocks, kind):
                 count, width = table.shape
@@ -148,7 +148,7 @@ def _lists_fast(rows: Sequence[Sequence[Any]], max_blocks: int, kind: Kind) -> I
     if smallest <= 1:
         row_of = np.repeat(np.arange(len(rows)), lengths)
         for r in np.unique(row_of[values <= 1]).tolist():
-            if not all(map(_is_integer_id, rows[r])):
+            if not all(map(is_integer_id, rows[r])):
                 return None
     return IdRows(_int32(values), lengths)
 
@@ -177,7 +177,7 @@ def row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[Any
             shape = tuple(row.shape)
             raise ValueError(f"{label} row {r} must be one-dimensional, got shape {shape}")
         check_length(r, len(row), max_blocks, kind)
-        if not _has_integer_dtype(row):
+        if not has_integer_dtype(row):
             raise TypeError(f"{label} row {r} has dtype {row.dtype}; block IDs must be integers")
         array = _as_numpy(row)
         if array.size:
@@ -206,7 +206,7 @@ def checked_ids(r: int, ids: Iterable[Any], kind: Kind) -> npt.NDArray[np.int32]
         return np.array(values, dtype=np.int32)
     ints = []
     for x in values:
-        if not _is_integer_id(x):
+        if not is_integer_id(x):
             name = type(x).__name__
             raise TypeError(
                 f"{_label(kind)} row {r} holds {x!r} of type {name}; block IDs must be integers"
@@ -230,7 +230,7 @@ def id_list(ids: object) -> list[Any] | None:
         return ids
     if isinstance(ids, tuple):
         return list(ids)
-    if isinstance(ids, (np.ndarray, torch.Tensor)) and ids.ndim == 1 and _has_integer_dtype(ids):
+    if isinstance(ids, (np.ndarray, torch.Tensor)) and ids.ndim == 1 and has_integer_dtype(ids):
         values: list[Any] = ids.tolist()
         return values
     return None
@@ -250,14 +250,14 @@ def _raise_above_int32(r: int, value: int, kind: Kind) -> None:
     raise ValueError(f"{_label(kind)} row {r} holds block ID {value}, maximum is {INT32_MAX}")
 
 
-def _is_integer_id(x: object) -> bool:
+def is_integer_id(x: object) -> bool:
     """Python and NumPy integers, and 0-d integer arrays or tensors; never bools."""
     if isinstance(x, (bool, np.bool_)):
         return False
     if isinstance(x, (int, np.integer)):
         return True
     if isinstance(x, (np.ndarray, torch.Tensor)) and x.ndim == 0:
-        return _has_integer_dtype(x)
+        return has_integer_dtype(x)
     return False
 
 
@@ -267,7 +267,7 @@ _TORCH_INTEGER_DTYPES = frozenset(
 )
 
 
-def _has_integer_dtype(array: npt.NDArray[Any] | torch.Tensor) -> bool:
+def has_integer_dtype(array: npt.NDArray[Any] | torch.Tensor) -> bool:
     if isinstance(array, torch.Tensor):
         return array.dtype in _TORCH_INTEGER_DTYPES
     return array.dtype.kind in "iu"

@@ -38,7 +38,7 @@ import torch
 from blockprep.batch import DecodeBatch
 from blockprep.block_table import BlockTable, BlockTableStats
 from blockprep.buffers import host_tensor
-from blockprep.ids import INT32_MAX, as_int
+from blockprep.ids import INT32_MAX, as_int, has_integer_dtype, is_integer_id
 
 GROUP_NAMES = (
     "ori",
@@ -320,7 +320,7 @@ def accept_mtp_tokens(
 
 def _integer_tensor(values: object, name: str) -> torch.Tensor:
     tensor = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
+    if not has_integer_dtype(tensor):
         raise TypeError(f"{name} must hold integer token ids, got dtype {tensor.dtype}")
     return tensor
 
@@ -1015,7 +1015,6 @@ REPEAT_MESSAGE = "a grouped KV row must not repeat physical blocks"
 RING_SLOT_CHECK_MAX = 4
 """A changed row whose ids differ in at most this many places has only those ids checked."""
 _INT_TYPE = {int}
-_TORCH_INTEGERS = frozenset({torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64})
 
 
 def _range_error(num_blocks: int, kernel_rows: int) -> ValueError:
@@ -1044,12 +1043,8 @@ def _block_id(q: int, name: str, x: object) -> int:
     """``x`` as an int block id: Python, NumPy or 0-d integer values; never bools or floats."""
     if type(x) is int:
         return x
-    if isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)):
-        return int(x)
-    if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in "iu":
-        return int(x)
-    if isinstance(x, torch.Tensor) and x.ndim == 0 and x.dtype in _TORCH_INTEGERS:
-        return int(x)
+    if is_integer_id(x):
+        return operator.index(x)  # type: ignore[arg-type]
     raise _type_error(q, name, x)
 
 
@@ -1079,14 +1074,11 @@ def _integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
     """An integer tensor (or array, or list) as an int64 NumPy array; ``TypeError`` otherwise."""
     if values is None:
         raise ValueError(f"decode {name} are missing")
-    if isinstance(values, torch.Tensor):
-        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
-            raise TypeError(f"decode {name} must be integers, got dtype {values.dtype}")
-        array = values.detach().cpu().numpy()
-    else:
-        array = np.asarray(values)
-        if array.dtype.kind not in "iu":
-            raise TypeError(f"decode {name} must be integers, got dtype {array.dtype}")
+    array = values if isinstance(values, torch.Tensor) else np.asarray(values)
+    if not has_integer_dtype(array):
+        raise TypeError(f"decode {name} must be integers, got dtype {array.dtype}")
+    if isinstance(array, torch.Tensor):
+        array = array.detach().cpu().numpy()
     return array.astype(np.int64, copy=False)
 
 
