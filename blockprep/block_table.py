@@ -188,6 +188,9 @@ class BlockTable:
         if type(row) is not int or not 0 <= row < self._num_rows:
             row = self._row_index(row)
         if type(ids) is list:
+            if _same(ids, self._cached[row]):
+                self._hits += 1
+                return False
             slot = self._predicted_rotation(row, ids)
             if slot >= 0:
                 self._write_rotation(row, len(ids), slot, ids[slot])
@@ -214,8 +217,11 @@ class BlockTable:
             self._row_index(self._num_rows)  # raises, naming the first row past the end
         plans = []
         rotations = []
+        cache = self._cached
         for row, ids in enumerate(batch, start):
             if type(ids) is list:
+                if _same(ids, cache[row]):
+                    continue
                 slot = self._predicted_rotation(row, ids)
                 if slot >= 0:
                     rotations.append((row, len(ids), slot, ids[slot]))
@@ -520,6 +526,14 @@ class _Plan(NamedTuple):
     slots: list[int] | None
     values: npt.NDArray[np.int32] | list[int]
     full: bool = False
+
+
+def _same(ids: list[Any], cached: Any) -> bool:
+    """A cache hit: ``ids`` equal the cached ids (a comparison that raises is no hit)."""
+    try:
+        return bool(ids == cached)
+    except (TypeError, ValueError):
+        return False
 
 
 def _check_buffer(buffer: object, num_rows: int, max_blocks: int) -> None:

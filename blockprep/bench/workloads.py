@@ -134,10 +134,12 @@ def _builder_workload(
 # --- BlockTable: a ring table kept across steps ---------------------------------------------------
 
 
-def ring_rotation_trace(rows: int, ring: int, steps: int, seed: int) -> Iterator[list[list[int]]]:
+def ring_rotation_trace(
+    rows: int, ring: int, steps: int, seed: int, *, rotate: bool = True
+) -> Iterator[list[list[int]]]:
     """``steps + 1`` states of ``rows`` ring rows of ``ring`` ids (live lists, rotated in place):
     step s rotates, in slot order, one slot of each row r with ``(r + s) % 4 == 0`` to a fresh
-    page from a free queue."""
+    page from a free queue (with ``rotate=False`` nothing changes between steps)."""
     rng = random.Random(seed)
     pool = list(range(rows * ring * 4))
     rng.shuffle(pool)
@@ -147,7 +149,7 @@ def ring_rotation_trace(rows: int, ring: int, steps: int, seed: int) -> Iterator
     yield table
     for step in range(1, steps + 1):
         for r in range(rows):
-            if (r + step) % 4 == 0:
+            if rotate and (r + step) % 4 == 0:
                 slot = next_slot[r]
                 free.append(table[r][slot])
                 table[r][slot] = free.popleft()
@@ -170,11 +172,12 @@ class _BlockTableStepper:
         return stats.misses, stats.cells_written
 
 
-def _block_table_workload(rows: int, width: int, ring: int) -> Workload:
+def _block_table_workload(rows: int, width: int, ring: int, *, idle: bool = False) -> Workload:
+    what = "no row changes" if idle else "1/4 of rows rotate one slot per step"
     return Workload(
-        f"blocktable-ring-{rows}x{width}",
-        f"BlockTable, ring {rows}x{width} n={ring}: 1/4 of rows rotate one slot per step",
-        lambda steps, seed: ring_rotation_trace(rows, ring, steps, seed),
+        f"blocktable-ring-{rows}x{width}{'-idle' if idle else ''}",
+        f"BlockTable, ring {rows}x{width} n={ring}: {what}",
+        lambda steps, seed: ring_rotation_trace(rows, ring, steps, seed, rotate=not idle),
         {
             "pre-fix": _rebuild(reference.ring_block_table_repeat, rows, width),
             "fix": _rebuild(reference.ring_block_table_gather, rows, width),
@@ -366,6 +369,7 @@ def standard_workloads() -> dict[str, Workload]:
         _deepseek_workload(cold=True),
         _qwen_workload(),
         _block_table_workload(64, 4096, 65),
+        _block_table_workload(64, 4096, 65, idle=True),
         _builder_workload(
             "ring-64x4096-n65", "ring", 64, 4096, _fixed(65), "ring_block_table 64x4096, n=65"
         ),
