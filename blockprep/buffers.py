@@ -74,13 +74,21 @@ class DeviceMirror:
         return self._shared
 
     def sync(self, rows: list[int] | None = None) -> None:
-        """Copy ``rows`` of the host buffer (all of it when ``None``) to the device copy."""
+        """Copy ``rows`` of the host buffer (all of it when ``None``) to the device copy.
+
+        Raises:
+            IndexError: a row out of range (nothing is copied).
+        """
         if self._shared:
             return
         if rows is None:
             self._tensor.copy_(self._host, non_blocking=True)
             return
-        for start, stop in _runs(rows):
+        ordered = sorted(set(rows))
+        if ordered and (ordered[0] < 0 or ordered[-1] >= len(self._host)):
+            bad = ordered[0] if ordered[0] < 0 else ordered[-1]
+            raise IndexError(f"mirror row {bad} is out of range for {len(self._host)} rows")
+        for start, stop in _runs(ordered):
             self._tensor[start:stop].copy_(self._host[start:stop], non_blocking=True)
 
 

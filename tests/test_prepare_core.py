@@ -132,5 +132,12 @@ def test_separate_mirror_copies_only_the_rows_asked_for() -> None:
     expected = torch.arange(15, dtype=torch.int32).reshape(5, 3)
     expected[[1, 2, 4]] += 100
     assert torch.equal(mirror.tensor, expected)
+    host += 1
+    with pytest.raises(IndexError, match="mirror row 5 is out of range for 5 rows"):
+        mirror.sync([0, 5])
+    assert torch.equal(mirror.tensor, expected)  # nothing copied
+    mirror.sync([3, 0, 3])  # any order, repeats allowed
+    expected[[0, 3]] = host[[0, 3]]
+    assert torch.equal(mirror.tensor, expected)
     mirror.sync()
     assert torch.equal(mirror.tensor, host)
