@@ -187,19 +187,11 @@ class BlockTable:
         """
         if type(row) is not int or not 0 <= row < self._num_rows:
             row = self._row_index(row)
-        if type(ids) is list:
-            if _same(ids, self._cached[row]):
-                self._hits += 1
-                return False
-            slot = self._predicted_rotation(row, ids)
-            if slot >= 0:
-                self._write_rotation(row, len(ids), slot, ids[slot])
-                return True
-        plan = self._plan(row, ids)
-        if plan is None:
+        write = None if _listed_hit(ids, self._cached[row]) else self._decide(row, ids)
+        if write is None:
             self._hits += 1
             return False
-        self._apply(row, plan)
+        self._perform(row, ids, write)
         return True
 
     def write_rows(
@@ -215,26 +207,18 @@ class BlockTable:
         start = self._row_index(start)
         if start + len(batch) > self._num_rows:
             self._row_index(self._num_rows)  # raises, naming the first row past the end
-        plans = []
-        rotations = []
+        writes = []
         cache = self._cached
         for row, ids in enumerate(batch, start):
-            if type(ids) is list:
-                if _same(ids, cache[row]):
-                    continue
-                slot = self._predicted_rotation(row, ids)
-                if slot >= 0:
-                    rotations.append((row, len(ids), slot, ids[slot]))
-                    continue
-            plan = self._plan(row, ids)
-            if plan is not None:
-                plans.append((row, plan))
-        self._hits += len(batch) - len(plans) - len(rotations)
-        for rotation in rotations:
-            self._write_rotation(*rotation)
-        for row, plan in plans:
-            self._apply(row, plan)
-        return len(plans) + len(rotations)
+            if _listed_hit(ids, cache[row]):  # the common case, kept to one call
+                continue
+            write = self._decide(row, ids)
+            if write is not None:
+                writes.append((row, ids, write))
+        self._hits += len(batch) - len(writes)
+        for row, ids, write in writes:
+            self._perform(row, ids, write)
+        return len(writes)
 
     def copy_row(self, src: int, dst: int) -> bool:
         """Make row ``dst`` a copy of row ``src``; return whether anything was written."""
@@ -339,6 +323,24 @@ class BlockTable:
                 f"block-table row {index} is out of range for a table of {self._num_rows} rows"
             )
         return index
+
+    def _decide(self, row: int, ids: Any) -> int | _Plan | None:
+        """What writing ``ids`` into ``row`` takes, checked, nothing changed (callers have ruled
+        out a list equal to the cached ids): a slot number for the predicted ring rotation (list
+        ids only: one comparison and one strided write); ``None`` for a hit in another container;
+        otherwise a :class:`_Plan`. Raises on bad ids."""
+        if type(ids) is list:
+            slot = self._predicted_rotation(row, ids)
+            if slot >= 0:
+                return slot
+        return self._plan(row, ids)
+
+    def _perform(self, row: int, ids: Any, write: int | _Plan) -> None:
+        """Carry out a :meth:`_decide` result. Never raises."""
+        if isinstance(write, int):
+            self._write_rotation(row, len(ids), write, ids[write])
+        else:
+            self._apply(row, write)
 
     def _plan(self, row: int, ids: object) -> _Plan | None:
         """``None`` when ``row`` already holds ``ids`` (a cache hit: one comparison, no view);
@@ -528,8 +530,11 @@ class _Plan(NamedTuple):
     full: bool = False
 
 
-def _same(ids: list[Any], cached: Any) -> bool:
-    """A cache hit: ``ids`` equal the cached ids (a comparison that raises is no hit)."""
+def _listed_hit(ids: object, cached: Any) -> bool:
+    """A cache hit on the fast path: ``ids`` is a list equal to the cached ids (a comparison
+    that raises is no hit; other containers go through :meth:`BlockTable._plan`)."""
+    if type(ids) is not list:
+        return False
     try:
         return bool(ids == cached)
     except (TypeError, ValueError):
