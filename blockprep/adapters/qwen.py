@@ -75,15 +75,20 @@ class QwenDecodePreparer:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         batch = self.max_batch_size
         self.max_blocks = math.ceil(self.max_seq_len / self.page_size)
+        # Device mirrors copy with non_blocking=True, which needs page-locked host memory.
         pin = torch.device(device).type != "cpu" and not share_memory
         self._tokens = PaddedTokenBuffer(
             batch, sampled_ids_pad, pin_memory=pin, share_memory=share_memory
         )
-        self._seq_lens = host_tensor((batch,), torch.int32, fill=0, share_memory=share_memory)
-        self._slots = host_tensor((batch,), torch.int32, fill=-1, share_memory=share_memory)
-        flat_table = host_tensor(
-            (batch * self.max_blocks,), torch.int32, fill=-1, share_memory=share_memory
-        )
+
+        def buffer(size: int, fill: int) -> torch.Tensor:
+            return host_tensor(
+                (size,), torch.int32, fill=fill, pin_memory=pin, share_memory=share_memory
+            )
+
+        self._seq_lens = buffer(batch, 0)
+        self._slots = buffer(batch, -1)
+        flat_table = buffer(batch * self.max_blocks, -1)
         self._table = BlockTable(batch, self.max_blocks, kind="paged", pad=-1, buffer=flat_table)
         self._mirrors = {
             name: DeviceMirror(host, device)
