@@ -3,19 +3,20 @@
 Reproduces upstream pypto-serving's DeepSeek V4 decode ABI (seed-semantics 4-8): per buffer slot,
 one ``[ranks, decode_batch, width]`` int32 table per cache group, ``block_counts``, and the dynamic
 inputs (tokens, positions, KV lengths, per-rank row counts, logit row indices), with upstream's
-padding rules and error messages. Unlike upstream, which rebuilt all 56 tables every step, a step
-costs what changed: every (buffer slot, group) is a :class:`~blockprep.BlockTable` over that
-slot's ``[ranks * decode_batch, width]`` buffer view. The ids that changed since the previous
-step (of any slot) are checked once, only where they changed; each slot then writes the rows that
-changed since its own last step (a rotated ring slot is a strided write, a grown full-history row
-one cell, a request that moved to another local row a row copy, a padding row only when its
-scratch id changes) and leaves every other slot alone. Every buffer still equals upstream's full
-rebuild (:func:`blockprep.reference.deepseek_v4_decode_rebuild`) after every step.
+padding rules and error messages. The tables live in a :class:`~blockprep.grouped.GroupedTables`
+(one row per ``rank * decode_batch + local`` kernel row, keyed by request id), so a step costs what
+changed since the latest step of any slot and every buffer still equals upstream's full rebuild
+(:func:`blockprep.reference.deepseek_v4_decode_rebuild`). This module holds only what is DeepSeek's:
+the layout, the rank assignment, the scratch padding, the dynamic inputs, MTP, the hidden-state
+contract and upstream's messages in upstream's order.
 
-Deliberate differences from upstream (beyond validating before writing anything):
+A step checks everything (upstream's checks, then the id rule of :mod:`blockprep.grouped`, then
+the hidden states' copy to the host) before its first write; a rejected batch leaves every slot,
+cache and record as it was. Deliberate differences from upstream:
 
-- block ids must be integers (``TypeError`` naming the batch row and group) where upstream coerced
-  with ``int()``; a state ring longer than its table width raises
+- a changed block id must be a plain int (``TypeError`` naming the batch row, group and value)
+  where upstream coerced with ``int()``; an id equal to the one its row holds is taken as that int;
+- a state ring longer than its table width raises
   ``"ring block-table row {r} has {n} blocks, maximum is {width}"`` where upstream truncated;
 - upstream's padding and builder messages are kept word for word, so they name no rank; the
   first failing (rank, group, local row) in upstream's order is the one reported.
@@ -27,7 +28,6 @@ import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import compress
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -36,9 +36,10 @@ import numpy.typing as npt
 import torch
 
 from blockprep.batch import DecodeBatch
-from blockprep.block_table import BlockTable, BlockTableStats
+from blockprep.block_table import BlockTableStats
 from blockprep.buffers import host_tensor
-from blockprep.ids import INT32_MAX, as_int, has_integer_dtype, is_integer_id
+from blockprep.grouped import BlockIdTypeError, BlockIdValueError, GroupedTables, TableGroup
+from blockprep.ids import INT32_MAX, as_int, has_integer_dtype
 
 GROUP_NAMES = (
     "ori",
@@ -328,7 +329,7 @@ def _integer_tensor(values: object, name: str) -> torch.Tensor:
 @dataclass(frozen=True)
 class _Assignment:
     """Where one batch's requests sit: per request its rank and local row, per table row
-    (``rank * b + local``) its request, and the request whose dynamic inputs it copies."""
+    (``rank * b + local``) its request and the request whose dynamic inputs it copies."""
 
     request_ids: list[str]
     partitions: list[Any]
@@ -341,54 +342,69 @@ class _Assignment:
     request_rows: npt.NDArray[np.intp]  # per request: its table row
 
 
-class _Slot:
-    """One buffer slot: its buffers, one BlockTable per group, and what its rows hold."""
+class _DynamicInputs:
+    """A slot's buffers besides the tables: tokens, positions, KV lengths, owners, logits, x_hc."""
 
     def __init__(self, layout: DeepSeekV4Layout, hidden_size: int | None, share: bool) -> None:
         R, b, T, S = layout.ranks, layout.decode_batch, layout.decode_tokens, layout.decode_seq
-        rows = R * b
 
         def buffer(shape: tuple[int, ...], dtype: torch.dtype, fill: int = 0) -> torch.Tensor:
             return host_tensor(shape, dtype, fill=fill, share_memory=share)
 
-        self.tables = {g.name: buffer((R, b, g.width), torch.int32) for g in layout.groups}
-        self.block_tables = [
-            BlockTable(
-                rows,
-                g.width,
-                kind=g.kind,
-                pad=0,
-                buffer=self.tables[g.name].view(rows, g.width),
-            )
-            for g in layout.groups
-        ]
-        self.block_counts = buffer((R, b, len(GROUP_NAMES)), torch.int32)
         self.input_ids = buffer((R, T), torch.int64)
         self.position_ids = buffer((R, T), torch.int32)
         self.kv_seq_lens = buffer((R, b), torch.int32)
         self.num_tokens_per_owner = buffer((R,), torch.int32)
         self.logit_row_indices = buffer((R, T), torch.int32, fill=-1)
         self.x_hc = None if hidden_size is None else buffer((R, T, hidden_size), torch.float32)
-        self.counts_np = self.block_counts.numpy().reshape(rows, len(GROUP_NAMES))
-        self.input_np = self.input_ids.numpy().reshape(rows, S)
-        self.positions_np = self.position_ids.numpy().reshape(rows, S)
-        self.kv_np = self.kv_seq_lens.numpy().reshape(rows)
-        # Per group and table row: the ids the row holds (None: unknown); never mutated in place.
-        self.held: list[list[Any]] = [[None] * rows for _ in layout.groups]
-        # Per table row: the request it held when last prepared (None: padding or unknown).
-        self.occupants: list[str | None] = [None] * rows
-        # Per group: rows changed by steps prepared into other slots since this one's last
-        # step; None: unknown (never prepared, or far behind), compare every row.
-        self.pending: list[set[int]] | None = None
+        self.input_np = self.input_ids.numpy().reshape(R * b, S)
+        self.positions_np = self.position_ids.numpy().reshape(R * b, S)
+        self.kv_np = self.kv_seq_lens.numpy().reshape(R * b)
         self.owner_key: tuple[tuple[int, ...], int] | None = None
 
+    def write(
+        self,
+        assignment: _Assignment,
+        tokens: npt.NDArray[np.int64],
+        seq: npt.NDArray[np.int64],
+        previous: npt.NDArray[np.int64] | None,
+    ) -> None:
+        """Stage one step (seed-semantics 6.5): ``previous`` tokens for MTP's first token row."""
+        source = assignment.source
+        if previous is None:
+            self.input_np[...] = tokens[source][:, None]
+            self.positions_np[...] = (seq - 1)[source][:, None]
+        else:
+            self.input_np[:, 0] = previous[source]
+            self.input_np[:, 1] = tokens[source]
+            self.positions_np[:, 0] = (seq - 2)[source]
+            self.positions_np[:, 1] = (seq - 1)[source]
+        self.kv_np[...] = seq[source]
+        active_seq = 1 if previous is None else 2
+        key = (assignment.counts, active_seq)
+        if self.owner_key != key:  # num_tokens_per_owner and logit rows follow the counts
+            logits = self.logit_row_indices.numpy()
+            self.num_tokens_per_owner.numpy()[...] = np.array(assignment.counts) * active_seq
+            logits[...] = -1
+            for rank, count in enumerate(assignment.counts):
+                logits[rank, : count * active_seq] = np.arange(count * active_seq)
+            self.owner_key = key
 
-class _Invalid(Exception):
-    """A fast-path check failed; the full check in upstream order picks the error to raise."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
+    def write_x_hc(
+        self, assignment: _Assignment, hidden: torch.Tensor, previous: torch.Tensor | None
+    ) -> None:
+        """Upstream's ``_pack_decode_x_hc``: every row request 0's last embedding, then each
+        request's rows (its embedding over ``decode_seq``; MTP: ``[previous, current]``)."""
+        assert self.x_hc is not None
+        rows = len(assignment.occupants)
+        x = self.x_hc.view(rows, self.input_np.shape[1], -1)
+        x[...] = hidden[0]
+        index = torch.from_numpy(assignment.request_rows)
+        if previous is None:
+            x[index] = hidden[:, None, :]
+        else:
+            x[index, 0] = previous
+            x[index, 1] = hidden
 
 
 class DeepSeekV4DecodePreparer:
@@ -397,7 +413,7 @@ class DeepSeekV4DecodePreparer:
     Args:
         layout: the deployment's shapes.
         buffer_slots: independent buffer sets (2: upstream's ping-pong slots); preparing one never
-            touches another.
+            touches another, and a slot catches up on the changes prepared into the others.
         embedding: ``"device"`` (the kernel embeds ``input_ids``; hidden states may be ``None``)
             or ``"host"`` (upstream's PR #97 era: every consumer requires ``hidden_states`` and
             fills ``x_hc``).
@@ -434,35 +450,49 @@ class DeepSeekV4DecodePreparer:
         self.layout = layout
         self.embedding: Embedding = embedding
         self.hidden_size = hidden_size
-        self._slots = [_Slot(layout, hidden_size, share_memory) for _ in range(buffer_slots)]
-        b = layout.decode_batch
-        self._rows = layout.ranks * b
-        self._row_range = range(self._rows)
+        R, b = layout.ranks, layout.decode_batch
+        groups = [TableGroup(g.name, g.kind, g.width, g.num_blocks) for g in layout.groups]
+        self._tables = GroupedTables(groups, R * b, slots=buffer_slots, share_memory=share_memory)
+        self._dynamic = [
+            _DynamicInputs(layout, hidden_size, share_memory) for _ in range(buffer_slots)
+        ]
+        self._views = [
+            (
+                {n: t.view(R, b, -1) for n, t in self._tables.tables(s).items()},
+                self._tables.counts(s).view(R, b, len(GROUP_NAMES)),
+            )
+            for s in range(buffer_slots)
+        ]
         self._getters = [operator.itemgetter(name) for name in GROUP_NAMES]
         # Scratch rows: [num_blocks + k] for the k-th padding row of a rank; never mutated.
         self._scratch = [[[g.num_blocks + k] for k in range(b)] for g in layout.groups]
         self._assignment: _Assignment | None = None
-        # The last step prepared (into any slot): per group every row's checked ids (None:
-        # unknown), the ring slot likely to rotate next per row, and each row's request. A row
-        # with a request holds checked ids; changes are checked against this state, once.
-        self._latest: list[list[Any]] = [[None] * self._rows for _ in layout.groups]
-        self._hints: list[list[int]] = [[0] * self._rows for _ in layout.groups]
-        self._latest_occupants: list[str | None] = [None] * self._rows
 
     @property
     def buffer_slots(self) -> int:
-        return len(self._slots)
+        return self._tables.slots
 
     def table_stats(self, buffer_slot: int) -> dict[str, BlockTableStats]:
-        """Per group, the counters of ``buffer_slot``'s table (rows written are ``misses``)."""
-        tables = self._slots[buffer_slot].block_tables
-        return {name: table.stats for name, table in zip(GROUP_NAMES, tables, strict=True)}
+        """Per group, ``buffer_slot``'s counters: ``hits`` rows a step left alone, ``misses`` rows
+        it wrote (catching up on other slots' steps included), ``cells_written``."""
+        return self._tables.stats(buffer_slot)
 
     def reset_stats(self) -> None:
-        """Zero every table's counters, in every slot."""
-        for slot in self._slots:
-            for table in slot.block_tables:
-                table.reset_stats()
+        """Zero every slot's counters."""
+        self._tables.reset_stats()
+
+    def invalidate(self, buffer_slot: int | None = None) -> None:
+        """Forget what ``buffer_slot``'s buffers (every slot's with ``None``) hold, for when
+        anything else wrote them: its next step rewrites every table row and dynamic input."""
+        self._tables.invalidate(buffer_slot)
+        for dynamic in self._dynamic if buffer_slot is None else [self._dynamic[buffer_slot]]:
+            dynamic.owner_key = None
+
+    def reset(self) -> None:
+        """Forget everything prepared: the next step writes every row of whichever slot."""
+        self._tables.reset()
+        self._assignment = None
+        self.invalidate()
 
     # --- public entry points ---------------------------------------------------------------------
 
@@ -477,14 +507,15 @@ class DeepSeekV4DecodePreparer:
 
         Raises:
             ValueError: upstream's messages (seed-semantics 3, 6), first the hidden-state check of
-                ``embedding="host"``; nothing is written.
-            TypeError: non-integer tokens, lengths, partitions or block ids.
+                ``embedding="host"``; hidden states that cannot be copied to the host; nothing is
+                written.
+            TypeError: non-integer tokens, lengths or partitions; block ids against the id rule
+                (:mod:`blockprep.grouped`).
         """
         if self.embedding == "host" and batch.hidden_states is None:
             raise ValueError(HOST_HIDDEN_MESSAGE)
         assignment = self._assign(batch)
-        layout = self.layout
-        if layout.decode_seq != 1 and max(assignment.counts) > 1:
+        if self.layout.decode_seq != 1 and max(assignment.counts) > 1:
             raise ValueError(
                 "DeepSeekV4 non-MTP decode supports at most one request per DP rank; the fixed "
                 "S=2 kernel can expose only one cache-safe active token per rank"
@@ -495,16 +526,7 @@ class DeepSeekV4DecodePreparer:
             raise ValueError("decode seq_lens must be positive")
         tokens = self._tokens(batch.token_ids, A, "token_ids")
         hidden = self._hidden(batch, A, mtp=False)
-        slot = self._checked_slot(batch, seq, buffer_slot)
-        self._write_tables(slot, batch, assignment)
-        positions = (seq - 1)[assignment.source]
-        slot.input_np[...] = tokens[assignment.source][:, None]
-        slot.positions_np[...] = positions[:, None]
-        slot.kv_np[...] = seq[assignment.source]
-        self._write_owners(slot, assignment.counts, 1)
-        if hidden is not None:
-            self._write_x_hc(slot, assignment, hidden, None)
-        return self._inputs(slot, assignment, buffer_slot)
+        return self._stage(batch, assignment, buffer_slot, seq, tokens, None, hidden)
 
     def prepare_mtp(self, batch: DecodeBatch, *, buffer_slot: int = 0) -> DeepSeekV4DecodeInputs:
         """Write one MTP verification step (``decode_seq == 2``) into ``buffer_slot``'s buffers.
@@ -544,19 +566,7 @@ class DeepSeekV4DecodePreparer:
         previous = self._tokens(batch.prev_token_ids, A, "prev_token_ids")
         tokens = self._tokens(batch.token_ids, A, "token_ids")
         hidden = self._hidden(batch, A, mtp=True)
-        slot = self._checked_slot(batch, seq, buffer_slot)
-        self._write_tables(slot, batch, assignment)
-        source = assignment.source
-        slot.input_np[:, 0] = previous[source]
-        slot.input_np[:, 1] = tokens[source]
-        slot.positions_np[:, 0] = (seq - 2)[source]
-        slot.positions_np[:, 1] = (seq - 1)[source]
-        slot.kv_np[...] = seq[source]
-        self._write_owners(slot, assignment.counts, 2)
-        if hidden is not None:
-            assert batch.prev_hidden_states is not None  # checked with the host hidden states
-            self._write_x_hc(slot, assignment, hidden, batch.prev_hidden_states)
-        return self._inputs(slot, assignment, buffer_slot)
+        return self._stage(batch, assignment, buffer_slot, seq, tokens, previous, hidden)
 
     def speculative_batch(
         self,
@@ -608,7 +618,62 @@ class DeepSeekV4DecodePreparer:
             prev_hidden_states=hidden if host else None,
         )
 
-    # --- checks ----------------------------------------------------------------------------------
+    # --- one step: check, plan, then write -------------------------------------------------------
+
+    def _stage(
+        self,
+        batch: DecodeBatch,
+        assignment: _Assignment,
+        buffer_slot: int,
+        seq: npt.NDArray[np.int64],
+        tokens: npt.NDArray[np.int64],
+        previous: npt.NDArray[np.int64] | None,
+        hidden: tuple[torch.Tensor, torch.Tensor | None] | None,
+    ) -> DeepSeekV4DecodeInputs:
+        """Check the block ids, plan the tables, then write the slot (nothing after the plan
+        can raise)."""
+        slot = self._checked_slot(batch, seq, buffer_slot)
+        step = self._plan_tables(batch, assignment)
+        self._tables.commit(step, slot)
+        dynamic = self._dynamic[slot]
+        dynamic.write(assignment, tokens, seq, previous)
+        if hidden is not None:
+            dynamic.write_x_hc(assignment, *hidden)
+        tables, counts = self._views[slot]
+        return DeepSeekV4DecodeInputs(
+            tables=MappingProxyType(tables),
+            block_counts=counts,
+            input_ids=dynamic.input_ids,
+            position_ids=dynamic.position_ids,
+            kv_seq_lens=dynamic.kv_seq_lens,
+            num_tokens_per_owner=dynamic.num_tokens_per_owner,
+            logit_row_indices=dynamic.logit_row_indices,
+            x_hc=dynamic.x_hc,
+            ranks=assignment.ranks,
+            local_rows=assignment.local_rows,
+            buffer_slot=slot,
+        )
+
+    def _plan_tables(self, batch: DecodeBatch, assignment: _Assignment) -> Any:
+        """Every group's rows in table order (requests by assignment, scratch pages on padding
+        rows), planned by the grouped tables; on any error, upstream's first error wins."""
+        dicts = batch.block_ids_by_group
+        perm = assignment.perm
+        rows = []
+        try:
+            for gi, getter in enumerate(self._getters):
+                column = list(map(getter, dicts))
+                if not all(map(len, column)):
+                    raise ValueError("missing grouped KV blocks")
+                extended = column + self._scratch[gi]
+                rows.append(list(map(extended.__getitem__, perm)))
+            return self._tables.plan(rows, assignment.occupants, lambda r: f"decode row {perm[r]}")
+        except (BlockIdTypeError, BlockIdValueError) as error:
+            _raise_first(self._full_check_error(batch, assignment))
+            raise error from None
+        except (KeyError, TypeError, ValueError):  # not a mapping, a group missing or empty
+            _raise_first(self._full_check_error(batch, assignment))
+            raise
 
     def _assign(self, batch: DecodeBatch) -> _Assignment:
         """Rank and local row of every request (seed-semantics 6.1); cached per batch layout."""
@@ -681,8 +746,11 @@ class DeepSeekV4DecodePreparer:
             )
         return tokens
 
-    def _hidden(self, batch: DecodeBatch, A: int, *, mtp: bool) -> torch.Tensor | None:
-        """The host hidden states ``[A, hidden]`` (``embedding="host"``), else ``None``."""
+    def _hidden(
+        self, batch: DecodeBatch, A: int, *, mtp: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """``embedding="host"``: the hidden states ``[A, hidden]`` (and MTP's previous ones),
+        copied to the host as float32 now, so that a copy that fails fails before any write."""
         hidden = batch.hidden_states
         if self.embedding != "host" or hidden is None:
             return None
@@ -694,11 +762,13 @@ class DeepSeekV4DecodePreparer:
         previous = batch.prev_hidden_states
         if mtp and (previous is None or tuple(previous.shape) != expected):
             raise ValueError("MTP previous embeddings must align with draft embeddings")
-        return hidden
+        return _host_float(hidden, "hidden_states"), (
+            None if not mtp or previous is None else _host_float(previous, "prev_hidden_states")
+        )
 
     def _checked_slot(
         self, batch: DecodeBatch, seq: npt.NDArray[np.int64], buffer_slot: int
-    ) -> _Slot:
+    ) -> int:
         """Upstream's order: grouped-id shape, the position limit, then the buffer slot."""
         A = len(batch.request_ids)
         rows = batch.block_ids_by_group
@@ -713,194 +783,16 @@ class DeepSeekV4DecodePreparer:
                 f"decode position {position} exceeds max_seq_len={self.layout.max_seq_len}"
             )
         slot = buffer_slot if type(buffer_slot) is int else as_int(buffer_slot, "buffer_slot")
-        if not 0 <= slot < len(self._slots):
+        if not 0 <= slot < self.buffer_slots:
             _raise_first(self._normalization_error(batch))
-            choices = [str(s) for s in range(len(self._slots))]
+            choices = [str(s) for s in range(self.buffer_slots)]
             allowed = (
                 choices[0]
                 if len(choices) == 1
                 else (", ".join(choices[:-1]) + " or " + choices[-1])
             )
             raise ValueError(f"decode buffer_slot must be {allowed}, got {buffer_slot}")
-        return self._slots[slot]
-
-    # --- tables ----------------------------------------------------------------------------------
-
-    def _write_tables(self, slot: _Slot, batch: DecodeBatch, assignment: _Assignment) -> None:
-        """Check the rows that changed since the last step (of any slot), then bring this slot's
-        rows up to date: those changed since it was last prepared. All-or-nothing."""
-        try:
-            checked = self._check_tables(batch, assignment)
-        except _Invalid as invalid:
-            _raise_first(self._full_check_error(batch, assignment))
-            raise invalid.error from None
-        moved = (
-            {}
-            if slot.occupants == assignment.occupants
-            else _occupancy_changes(slot.occupants, assignment.occupants)[1]
-        )
-        counts = slot.counts_np
-        for gi, (changed, latest, _) in enumerate(checked):
-            held = slot.held[gi]
-            if slot.pending is None:
-                candidates: Any = compress(self._row_range, map(operator.ne, latest, held))
-            else:
-                candidates = slot.pending[gi].union(changed) if slot.pending[gi] else changed
-            writes: list[int] = []
-            copies: dict[int, int] = {}
-            for row in candidates:
-                value, old = latest[row], held[row]
-                if old is value or old == value:
-                    continue
-                src = moved.get(row)
-                if src is not None and held[src] == value:
-                    copies[row] = src
-                else:
-                    writes.append(row)
-                if old is None or len(old) != len(value):
-                    counts[row, gi] = len(value)
-            table = slot.block_tables[gi]
-            ordered, rewrites = _copy_order(copies)
-            for src, dst in ordered:
-                table.copy_row(src, dst)
-            for row in writes + rewrites:
-                table.write_row(row, latest[row])
-            slot.held[gi] = latest  # shared with the latest state: neither is mutated in place
-        slot.occupants = assignment.occupants
-        slot.pending = [set() for _ in GROUP_NAMES]
-        for other in self._slots:
-            if other is not slot and other.pending is not None:
-                for pending, (changed, _, _) in zip(other.pending, checked, strict=True):
-                    pending.update(changed)
-                if max(map(len, other.pending)) > self._rows // 2:
-                    other.pending = None  # far behind: its next prepare compares every row
-        self._latest = [latest for _, latest, _ in checked]
-        self._hints = [hints for _, _, hints in checked]
-        self._latest_occupants = assignment.occupants
-
-    def _check_tables(
-        self, batch: DecodeBatch, assignment: _Assignment
-    ) -> list[tuple[list[int], list[Any], list[int]]]:
-        """Per group: (rows whose ids changed since the last step, every row's checked ids, ring
-        hints). Only changed ids are checked; raises :class:`_Invalid` on the first bad one."""
-        dicts = batch.block_ids_by_group
-        perm = assignment.perm
-        A = len(assignment.ranks)
-        before = self._latest_occupants
-        if before == assignment.occupants:
-            fresh: list[int] = []
-            moved: dict[int, int] = {}
-        else:
-            fresh, moved = _occupancy_changes(before, assignment.occupants)
-        checked = []
-        for gi, group in enumerate(self.layout.groups):
-            try:
-                column = list(map(self._getters[gi], dicts))
-            except (KeyError, TypeError, IndexError) as error:
-                raise _Invalid(error) from None
-            extended = column + self._scratch[gi]
-            rows = list(map(extended.__getitem__, perm))
-            latest = self._latest[gi]
-            try:
-                changed = self._changed_rows(group, rows, latest)
-            except (TypeError, ValueError, RuntimeError):  # arrays or tensors: compare as lists
-                try:
-                    column = [_as_list(ids, q, group.name) for q, ids in enumerate(column)]
-                except TypeError as error:
-                    raise _Invalid(error) from None
-                extended = column + self._scratch[gi]
-                rows = list(map(extended.__getitem__, perm))
-                changed = self._changed_rows(group, rows, latest)
-            hints = self._hints[gi]
-            new_latest = latest[:] if changed else latest
-            for row in changed:
-                ids = rows[row]
-                q = perm[row]
-                if q >= A:  # a padding row whose scratch page changed
-                    new_latest[row] = ids
-                    continue
-                if type(ids) is not list:
-                    try:
-                        ids = _as_list(ids, q, group.name)
-                    except TypeError as error:
-                        raise _Invalid(error) from None
-                src = moved.get(row)
-                if src is not None and latest[src] == ids:
-                    new_latest[row] = latest[src]
-                    continue
-                base = latest[row] if before[row] is not None else None
-                good, hint = self._check_row(group, q, ids, base, hints[row])
-                new_latest[row] = good[:] if good is ids else good
-                if hint != hints[row]:
-                    if hints is self._hints[gi]:
-                        hints = hints[:]
-                    hints[row] = hint
-            for row in fresh:  # a request on a former padding row, holding its scratch ids
-                if rows[row] == latest[row]:
-                    self._check_row(group, perm[row], rows[row], None, 0)
-            checked.append((changed, new_latest, hints))
-        return checked
-
-    def _changed_rows(
-        self, group: DeepSeekV4CacheGroup, rows: list[Any], held: list[Any]
-    ) -> list[int]:
-        """Rows whose ids differ from what they hold. Groups that follow the 128-token block
-        rarely change: one comparison of all rows settles most steps."""
-        if group.block_tokens == SOURCE_BLOCK_TOKENS and rows == held:
-            return []
-        return list(compress(self._row_range, map(operator.ne, rows, held)))
-
-    def _check_row(
-        self, group: DeepSeekV4CacheGroup, q: int, ids: list[Any], base: list[Any] | None, hint: int
-    ) -> tuple[list[Any], int]:
-        """Check request ``q``'s new ``ids`` for ``group``; return them (as a list of ints) and
-        the ring slot likely to rotate next. ``base``: validated ids the row held, which ``ids``
-        may differ from in a few places (only those are checked), or ``None``."""
-        if base is not None and len(ids) == len(base):
-            if hint < len(ids) and ids[hint] != base[hint]:
-                saved = base[hint]
-                base[hint] = ids[hint]  # base is a private copy: patch, compare, restore
-                try:
-                    single = ids == base
-                finally:
-                    base[hint] = saved
-                if single and self._new_id_ok(group, ids, ids[hint]):
-                    return ids, (hint + 1) % len(ids)
-            positions = list(compress(range(len(ids)), map(operator.ne, ids, base)))
-            if not positions:  # the same ids in another container
-                return ids, hint
-            if len(positions) <= RING_SLOT_CHECK_MAX and all(
-                self._new_id_ok(group, ids, ids[p]) for p in positions
-            ):
-                return ids, (positions[-1] + 1) % len(ids)
-        return self._check_whole_row(group, q, ids), 0
-
-    def _new_id_ok(self, group: DeepSeekV4CacheGroup, ids: list[Any], x: Any) -> bool:
-        """Whether ``x``, one new id of ``ids``, is a plain int, in range and not repeated;
-        ``False`` for other integer types (the whole-row check converts them)."""
-        if type(x) is not int:
-            return False
-        if not 0 <= x < group.num_blocks:
-            raise _Invalid(_range_error(group.num_blocks, self.layout.decode_batch))
-        if ids.count(x) != 1:
-            raise _Invalid(ValueError(REPEAT_MESSAGE))
-        return True
-
-    def _check_whole_row(self, group: DeepSeekV4CacheGroup, q: int, ids: list[Any]) -> list[Any]:
-        if not ids:
-            raise _Invalid(ValueError(f"decode row {q} is missing grouped KV blocks"))
-        if set(map(type, ids)) != _INT_TYPE:
-            try:
-                ids = [_block_id(q, group.name, x) for x in ids]
-            except TypeError as error:
-                raise _Invalid(error) from None
-        if len(set(ids)) != len(ids):
-            raise _Invalid(ValueError(REPEAT_MESSAGE))
-        if min(ids) < 0 or max(ids) >= group.num_blocks:
-            raise _Invalid(_range_error(group.num_blocks, self.layout.decode_batch))
-        if len(ids) > group.width:
-            raise _Invalid(ValueError(_length_message(group, 0, len(ids))))
-        return ids
+        return slot
 
     # --- the full check, in upstream's order -----------------------------------------------------
 
@@ -913,6 +805,8 @@ class DeepSeekV4DecodePreparer:
         return None
 
     def _normalized(self, batch: DecodeBatch) -> list[dict[str, list[int]]]:
+        """Every row's ids as upstream reads them, ids that are no integer value left out (the
+        id rule decides about those)."""
         result = []
         for q, row in enumerate(batch.block_ids_by_group):
             if not isinstance(row, Mapping):
@@ -920,15 +814,13 @@ class DeepSeekV4DecodePreparer:
                     f"decode row {q} grouped KV blocks must map group names to block IDs, got "
                     f"{type(row).__name__}"
                 )
-            lists = {name: _as_list(row[name], q, name) for name in GROUP_NAMES if name in row}
+            lists = {name: _sequence(row[name], q, name) for name in GROUP_NAMES if name in row}
             missing = [name for name in GROUP_NAMES if not lists.get(name)]
             if missing:
                 raise ValueError(
                     f"decode row {q} is missing grouped KV blocks: {', '.join(missing)}"
                 )
-            result.append(
-                {name: [_block_id(q, name, x) for x in ids] for name, ids in lists.items()}
-            )
+            result.append({name: _integer_values(ids) for name, ids in lists.items()})
         return result
 
     def _full_check_error(self, batch: DecodeBatch, assignment: _Assignment) -> Exception | None:
@@ -948,73 +840,17 @@ class DeepSeekV4DecodePreparer:
                     ids = normalized[q][group.name]
                     if len(set(ids)) != len(ids):
                         return ValueError(REPEAT_MESSAGE)
-                    if min(ids) < 0 or max(ids) >= group.num_blocks:
+                    if ids and (min(ids) < 0 or max(ids) >= group.num_blocks):
                         return _range_error(group.num_blocks, b)
             for group in self.layout.groups:
                 for local, q in enumerate(requests):
-                    n = len(normalized[q][group.name])
+                    n = len(batch.block_ids_by_group[q][group.name])
                     if n > group.width:
                         return ValueError(_length_message(group, local, n))
         return None
 
-    # --- dynamic inputs --------------------------------------------------------------------------
-
-    def _write_owners(self, slot: _Slot, counts: tuple[int, ...], active_seq: int) -> None:
-        """``num_tokens_per_owner`` and ``logit_row_indices``, rewritten when the counts change."""
-        key = (counts, active_seq)
-        if slot.owner_key == key:
-            return
-        owners = slot.num_tokens_per_owner.numpy()
-        logits = slot.logit_row_indices.numpy()
-        owners[...] = np.array(counts) * active_seq
-        logits[...] = -1
-        for rank, count in enumerate(counts):
-            logits[rank, : count * active_seq] = np.arange(count * active_seq)
-        slot.owner_key = key
-
-    def _write_x_hc(
-        self,
-        slot: _Slot,
-        assignment: _Assignment,
-        hidden: torch.Tensor,
-        previous: torch.Tensor | None,
-    ) -> None:
-        """Upstream's ``_pack_decode_x_hc``: every row request 0's last embedding, then each
-        request's rows (its embedding over ``decode_seq``; MTP: ``[previous, current]``)."""
-        assert slot.x_hc is not None
-        S = self.layout.decode_seq
-        x = slot.x_hc.view(self._rows, S, -1)
-        current = hidden.detach().to("cpu", torch.float32)
-        x[...] = current[0]
-        rows = torch.from_numpy(assignment.request_rows)
-        if previous is None:
-            x[rows] = current[:, None, :]
-        else:
-            x[rows, 0] = previous.detach().to("cpu", torch.float32)
-            x[rows, 1] = current
-
-    def _inputs(
-        self, slot: _Slot, assignment: _Assignment, buffer_slot: int
-    ) -> DeepSeekV4DecodeInputs:
-        return DeepSeekV4DecodeInputs(
-            tables=MappingProxyType(slot.tables),
-            block_counts=slot.block_counts,
-            input_ids=slot.input_ids,
-            position_ids=slot.position_ids,
-            kv_seq_lens=slot.kv_seq_lens,
-            num_tokens_per_owner=slot.num_tokens_per_owner,
-            logit_row_indices=slot.logit_row_indices,
-            x_hc=slot.x_hc,
-            ranks=assignment.ranks,
-            local_rows=assignment.local_rows,
-            buffer_slot=int(buffer_slot),
-        )
-
 
 REPEAT_MESSAGE = "a grouped KV row must not repeat physical blocks"
-RING_SLOT_CHECK_MAX = 4
-"""A changed row whose ids differ in at most this many places has only those ids checked."""
-_INT_TYPE = {int}
 
 
 def _range_error(num_blocks: int, kernel_rows: int) -> ValueError:
@@ -1032,26 +868,8 @@ def _length_message(group: DeepSeekV4CacheGroup, row: int, n: int) -> str:
     return f"ring block-table row {row} has {n} blocks, maximum is {group.width}"
 
 
-def _type_error(q: int, name: str, x: object) -> TypeError:
-    return TypeError(
-        f"decode row {q} group {name} holds {x!r} of type {type(x).__name__}; "
-        "block IDs must be integers"
-    )
-
-
-def _block_id(q: int, name: str, x: object) -> int:
-    """``x`` as an int block id: Python, NumPy or 0-d integer values; never bools or floats."""
-    if type(x) is int:
-        return x
-    if is_integer_id(x):
-        return operator.index(x)  # type: ignore[arg-type]
-    raise _type_error(q, name, x)
-
-
-def _as_list(ids: object, q: int, name: str) -> list[Any]:
-    """Request ``q``'s ``name`` ids as a list (tuples copied, arrays and tensors ``tolist()``)."""
-    if isinstance(ids, list):
-        return ids
+def _sequence(ids: object, q: int, name: str) -> Sequence[Any]:
+    """Request ``q``'s ``name`` ids as upstream iterates them (arrays and tensors as lists)."""
     if isinstance(ids, (np.ndarray, torch.Tensor)) and ids.ndim == 1:
         values: list[Any] = ids.tolist()
         return values
@@ -1059,7 +877,29 @@ def _as_list(ids: object, q: int, name: str) -> list[Any]:
         raise TypeError(
             f"decode row {q} group {name} must be a sequence of block IDs, got {type(ids).__name__}"
         )
-    return list(ids)
+    return ids
+
+
+def _integer_values(ids: Sequence[Any]) -> list[int]:
+    """The ids that hold an integer value (``6``, ``6.0``, ``True``, ``np.int32(6)``), as ints."""
+    values = []
+    for x in ids:
+        try:
+            value = operator.index(x)
+        except TypeError:
+            if not isinstance(x, (float, np.floating)) or not float(x).is_integer():
+                continue
+            value = int(x)
+        values.append(value)
+    return values
+
+
+def _host_float(states: torch.Tensor, name: str) -> torch.Tensor:
+    """``states`` as a float32 CPU tensor; ``ValueError`` when it cannot be copied there."""
+    try:
+        return states.detach().to("cpu", torch.float32)
+    except (RuntimeError, NotImplementedError) as error:
+        raise ValueError(f"{name} cannot be copied to the host: {error}") from None
 
 
 def _partition_index(partition: object) -> int:
@@ -1080,56 +920,6 @@ def _integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
     if isinstance(array, torch.Tensor):
         array = array.detach().cpu().numpy()
     return array.astype(np.int64, copy=False)
-
-
-def _occupancy_changes(
-    before: list[str | None], after: list[str | None]
-) -> tuple[list[int], dict[int, int]]:
-    """Rows whose request is new to them: (rows that held no request before, and the rows whose
-    request sat in another row before: row -> that row)."""
-    rows_before = {request: row for row, request in enumerate(before) if request is not None}
-    fresh = []
-    moved = {}
-    for row, (old, new) in enumerate(zip(before, after, strict=True)):
-        if new is None or new == old:
-            continue
-        src = rows_before.get(new)
-        if src is not None:
-            moved[row] = src
-        if old is None:
-            fresh.append(row)
-    return fresh, moved
-
-
-def _copy_order(copies: dict[int, int]) -> tuple[list[tuple[int, int]], list[int]]:
-    """Order row copies ``dst <- src`` so that no row is overwritten before it is read.
-
-    Returns ``(copies in order, rows to write from ids instead)``: a cycle of moves is broken by
-    writing one of its rows from its ids after every copy.
-    """
-    if not copies:
-        return [], []
-    pending = dict(copies)
-    readers: dict[int, int] = {}
-    for src in pending.values():
-        readers[src] = readers.get(src, 0) + 1
-    ready = [dst for dst in pending if not readers.get(dst)]
-    ordered: list[tuple[int, int]] = []
-    rewrites: list[int] = []
-    while pending:
-        if ready:
-            dst = ready.pop()
-            if dst not in pending:
-                continue
-            src = pending.pop(dst)
-            ordered.append((src, dst))
-        else:
-            dst, src = pending.popitem()
-            rewrites.append(dst)
-        readers[src] -= 1
-        if not readers[src] and src in pending:
-            ready.append(src)
-    return ordered, rewrites
 
 
 def _raise_first(error: Exception | None) -> None:

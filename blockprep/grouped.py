@@ -1,0 +1,760 @@
+"""Grouped block tables: several KV cache groups x table rows x buffer slots, planned then written.
+
+A model with several KV cache groups (DeepSeek V4: 7 groups, rings and paged tables) keeps, per
+buffer slot, one int32 table ``[num_rows, width]`` per group and an int32 ``counts [num_rows,
+groups]`` table (ids per row and group). :class:`GroupedTables` owns them, model-neutral: rows are
+whatever the caller lays out (DeepSeek: ``rank * decode_batch + local``), each row occupied by a
+key (a request id) or by padding (key ``None``, ids the caller's own, trusted).
+
+A step has two phases:
+
+1. :meth:`GroupedTables.plan` takes every row's ids and key, compares each row with the latest
+   step's ids (of any slot), checks only what changed and decides every write: a rotated ring
+   slot is a strided write, a grown paged row its new cells, a request that moved to another row
+   a row copy (keyed by request), anything else a whole row. New rows are validated and rendered
+   per group in a few NumPy calls. It raises before anything is written, and changes nothing.
+2. :meth:`GroupedTables.commit` brings one slot up to date and cannot raise: it replays the
+   writes of the steps committed into other slots since its own last step, then the step's own,
+   and records the step as the latest.
+
+The id rule: an id equal by value to the id its row already holds at that position is taken as
+that held int (so unchanged ids cost no type check); every other id must be an integer (a plain
+``int``, or a NumPy integer, converted) in ``[0, id_limit)``, not repeated within its row
+(``bool``, ``float``, NumPy floats and anything else are :class:`BlockIdTypeError`); a row given
+as an array or tensor of a non-integer dtype is rejected
+whole. The recorded state holds plain ints only, so what one slot accepted no slot rejects later.
+
+After every commit, every slot's buffers equal a from-scratch rebuild of the latest step committed
+into that slot (:mod:`blockprep.reference` builders): ring rows ``ids[j % n]``, paged rows the ids
+then ``pad``.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from itertools import chain, compress
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from blockprep.block_table import BlockTableStats
+from blockprep.buffers import host_tensor
+from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype
+from blockprep.tiling import tile_row, tile_rows
+
+MAX_REPLAY_STEPS = 8
+"""A slot more steps behind than this is re-rendered from the latest ids at its next commit."""
+SMALL_CHANGE = 4
+"""A same-length row whose ids differ in at most ``max(SMALL_CHANGE, n // 4)`` places is written
+place by place (a strided write per ring slot, a cell per paged id); otherwise whole."""
+BLOCK_RENDER_MIN_ROWS = 3
+"""A group with at least this many whole rows in a step validates and renders them in one block."""
+
+_INT = {int}
+
+
+@dataclass(frozen=True)
+class TableGroup:
+    """One KV cache group: its table layout and the ids its rows may hold.
+
+    ``kind``: ``"ring"`` (``ids[j % n]`` in every column; rows hold ``1..width`` ids) or
+    ``"paged"`` (the ids, then ``pad``; rows hold ``0..width`` ids). ``id_limit``: a request's ids
+    lie in ``[0, id_limit)`` (padding rows may hold other ids). ``pad``: the value after a paged
+    row's ids.
+    """
+
+    name: str
+    kind: Kind
+    width: int
+    id_limit: int = INT32_MAX + 1
+    pad: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("ring", "paged"):
+            raise ValueError(
+                f"group {self.name}: kind must be 'ring' or 'paged', got {self.kind!r}"
+            )
+        if as_int(self.width, "width") <= 0:
+            raise ValueError(f"group {self.name}: width must be positive, got {self.width}")
+        limit = as_int(self.id_limit, "id_limit")
+        if not 0 < limit <= INT32_MAX + 1:
+            raise ValueError(f"group {self.name}: id_limit must be in [1, 2**31], got {limit}")
+        check_pad(self.pad)
+
+
+class BlockIdTypeError(TypeError):
+    """A changed id that is not an integer, or a row container of a non-integer dtype.
+    ``row`` is the table row, ``group`` the group name, ``value`` the offending id or row."""
+
+    def __init__(self, message: str, row: int, group: str, value: object) -> None:
+        super().__init__(message)
+        self.row, self.group, self.value = row, group, value
+
+
+class BlockIdValueError(ValueError):
+    """A changed id out of range or repeated within its row, or a row of a bad length."""
+
+    def __init__(self, message: str, row: int, group: str, value: object) -> None:
+        super().__init__(message)
+        self.row, self.group, self.value = row, group, value
+
+
+def default_place(row: int) -> str:
+    """How errors name a table row unless the caller says otherwise: ``"row {row}"``."""
+    return f"row {row}"
+
+
+class _GroupWrites(NamedTuple):
+    """One group's writes of one step, in the order they apply.
+
+    ``copy_dst``/``copy_src``: rows copied (from the content before the step); ``blocks``: rows
+    written whole from a rendered ``[k, width]`` block; ``rings``: ``(row, one row's int32 ids)``
+    tiled whole; ``cells``: ``((row, slice), value)`` plain assignments. ``rows``: rows written,
+    ``cell_count``: cells written."""
+
+    copy_dst: list[int]
+    copy_src: list[int]
+    blocks: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]]
+    rings: list[tuple[int, npt.NDArray[np.int32]]]
+    cells: list[tuple[tuple[int, slice | int], Any]]
+    rows: int
+    cell_count: int
+
+
+@dataclass(frozen=True, eq=False)
+class GroupedStep:
+    """A planned step: decided and checked, not yet written. Commit it once, with
+    :meth:`GroupedTables.commit`, before planning the next one."""
+
+    latest: tuple[list[list[int] | None], ...]
+    keys: list[Hashable | None]
+    counts: npt.NDArray[np.int32]
+    writes: tuple[_GroupWrites | None, ...]  # per group, None when nothing changed
+    version: int
+
+
+class _SlotState:
+    """One buffer slot: its buffers and the steps it has yet to replay (``None``: re-render)."""
+
+    def __init__(self, groups: Sequence[TableGroup], num_rows: int, share_memory: bool) -> None:
+        # Filled (so faulted in) here, not on the first step.
+        self.tables = {
+            g.name: host_tensor((num_rows, g.width), torch.int32, fill=0, share_memory=share_memory)
+            for g in groups
+        }
+        self.arrays = [self.tables[g.name].numpy() for g in groups]
+        self.counts = host_tensor(
+            (num_rows, len(groups)), torch.int32, fill=0, share_memory=share_memory
+        )
+        self.counts_np = self.counts.numpy()
+        self.backlog: list[GroupedStep] | None = []
+        self.stats = [[0, 0, 0] for _ in groups]  # hits, misses, cells_written
+
+
+class GroupedTables:
+    """Persistent grouped block tables over ``slots`` buffer slots.
+
+    Args:
+        groups: the cache groups, in ``counts`` column order (names unique).
+        num_rows: table rows (kernel rows; padding included).
+        slots: independent buffer sets; committing into one never touches another.
+        share_memory: allocate every buffer in shared memory (for workers forked afterwards).
+
+    Every buffer is allocated here, once, zero-filled; its address never changes.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[TableGroup],
+        num_rows: int,
+        *,
+        slots: int = 1,
+        share_memory: bool = False,
+    ) -> None:
+        groups = tuple(groups)
+        if not groups or not all(isinstance(g, TableGroup) for g in groups):
+            raise TypeError("groups must be a non-empty sequence of TableGroup")
+        names = [g.name for g in groups]
+        if len(set(names)) != len(names):
+            raise ValueError(f"group names must be unique, got {names}")
+        num_rows = as_int(num_rows, "num_rows")
+        slots = as_int(slots, "slots")
+        if num_rows < 0:
+            raise ValueError(f"num_rows must be non-negative, got {num_rows}")
+        if slots <= 0:
+            raise ValueError(f"slots must be positive, got {slots}")
+        self._groups = groups
+        self._num_rows = num_rows
+        self._row_range = range(num_rows)
+        self._slots = [_SlotState(groups, num_rows, share_memory) for _ in range(slots)]
+        self._latest: tuple[list[list[int] | None], ...] = tuple([None] * num_rows for _ in groups)
+        self._keys: list[Hashable | None] = [None] * num_rows
+        self._counts = np.zeros((num_rows, len(groups)), dtype=np.int32)
+        self._version = 0
+
+    @property
+    def groups(self) -> tuple[TableGroup, ...]:
+        return self._groups
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def tables(self, slot: int) -> dict[str, torch.Tensor]:
+        """Slot ``slot``'s tables by group name: int32 ``[num_rows, width]`` (the buffers)."""
+        return dict(self._slots[slot].tables)
+
+    def counts(self, slot: int) -> torch.Tensor:
+        """Slot ``slot``'s int32 ``[num_rows, groups]`` ids-per-row table (the buffer)."""
+        return self._slots[slot].counts
+
+    def latest_ids(self, group: int, row: int) -> list[int] | None:
+        """A copy of the ids ``row`` holds in ``group`` as of the latest commit (``None``: none)."""
+        ids = self._latest[group][row]
+        return None if ids is None else list(ids)
+
+    def stats(self, slot: int) -> dict[str, BlockTableStats]:
+        """Per group, slot ``slot``'s counters: ``hits`` rows a commit left alone, ``misses`` rows
+        it wrote (replayed writes included), ``cells_written``."""
+        return {
+            g.name: BlockTableStats(*counters)
+            for g, counters in zip(self._groups, self._slots[slot].stats, strict=True)
+        }
+
+    def reset_stats(self) -> None:
+        for state in self._slots:
+            state.stats = [[0, 0, 0] for _ in self._groups]
+
+    def invalidate(self, slot: int | None = None) -> None:
+        """Forget what ``slot``'s buffers (every slot's with ``None``) hold, for when something
+        else wrote them: its next commit rewrites every row from the latest ids."""
+        for state in self._slots if slot is None else [self._slots[slot]]:
+            state.backlog = None
+
+    def reset(self) -> None:
+        """Forget every row's ids and keys: the next step writes every row, into every slot."""
+        self._latest = tuple([None] * self._num_rows for _ in self._groups)
+        self._keys = [None] * self._num_rows
+        self._counts = np.zeros_like(self._counts)
+        self._version += 1
+        for state in self._slots:
+            state.backlog = None
+
+    # --- plan -------------------------------------------------------------------------------------
+
+    def plan(
+        self,
+        rows: Sequence[Sequence[Any]],
+        keys: Sequence[Hashable | None],
+        place: Callable[[int], str] = default_place,
+    ) -> GroupedStep:
+        """Decide and check one step; write nothing.
+
+        Args:
+            rows: per group (in :attr:`groups` order), ``num_rows`` id rows: lists, tuples, 1-D
+                integer arrays or tensors. A padding row's list is trusted as it is (make it once
+                and pass the same list every step).
+            keys: per row, the key of the request that occupies it, or ``None`` for padding.
+            place: names a table row in error messages (e.g. ``"decode row 3"``).
+
+        Raises:
+            BlockIdTypeError: a changed id that is not an integer, a non-integer row container,
+                a row that is not a sequence.
+            BlockIdValueError: an id outside ``[0, id_limit)`` or repeated in its row, a ring row
+                with no ids, a row longer than its group's width.
+            ValueError: ``rows`` or ``keys`` of the wrong length.
+        """
+        n_rows = self._num_rows
+        if len(rows) != len(self._groups):
+            raise ValueError(f"rows must hold {len(self._groups)} groups, got {len(rows)}")
+        keys = list(keys)
+        if len(keys) != n_rows:
+            raise ValueError(f"keys must hold {n_rows} rows, got {len(keys)}")
+        previous = self._keys
+        bases: dict[int, int | None] = {}  # row -> the row its request held, None: a new request
+        fresh: list[int] = []  # rows that held padding and now hold a request
+        if keys != previous:
+            held_at = {key: row for row, key in enumerate(previous) if key is not None}
+            for row, (old, new) in enumerate(zip(previous, keys, strict=True)):
+                if new is not None and new != old:
+                    bases[row] = held_at.get(new)
+                    if old is None:
+                        fresh.append(row)
+        counts = self._counts
+        new_counts: npt.NDArray[np.int32] | None = None
+        latest_out: list[list[list[int] | None]] = []
+        writes_out: list[_GroupWrites | None] = []
+        for gi, group in enumerate(self._groups):
+            column = rows[gi]
+            if len(column) != n_rows:
+                raise ValueError(
+                    f"group {group.name}: rows must hold {n_rows} rows, got {len(column)}"
+                )
+            if set(map(type, column)) != {list}:
+                column = [_as_list(ids, row, group, place) for row, ids in enumerate(column)]
+            latest = self._latest[gi]
+            try:
+                changed = list(compress(self._row_range, map(operator.ne, column, latest)))
+            except Exception:  # an id that does not compare as a number (an array, ...)
+                raise _incomparable(column, group, place) from None
+            if fresh:  # a request on a former padding row: its ids were never checked
+                changed = sorted(set(changed).union(fresh))
+            if not changed:
+                latest_out.append(latest)
+                writes_out.append(None)
+                continue
+            planner = _GroupPlanner(group, latest, place)
+            for row in changed:
+                ids = column[row]
+                if keys[row] is None:
+                    planner.padding(row, ids)
+                elif row in bases:
+                    src = bases[row]
+                    planner.occupant(row, ids, src, None if src is None else latest[src])
+                else:
+                    planner.occupant(row, ids, None, latest[row])
+            writes, new_latest, lengths = planner.finish()
+            for row, n in lengths:
+                if counts[row, gi] != n:
+                    if new_counts is None:
+                        new_counts = counts.copy()
+                    new_counts[row, gi] = n
+            latest_out.append(new_latest)
+            writes_out.append(writes)
+        return GroupedStep(
+            latest=tuple(latest_out),
+            keys=keys,
+            counts=counts if new_counts is None else new_counts,
+            writes=tuple(writes_out),
+            version=self._version,
+        )
+
+    # --- commit -----------------------------------------------------------------------------------
+
+    def commit(self, step: GroupedStep, slot: int) -> None:
+        """Write ``step`` into ``slot``'s buffers and record it as the latest step.
+
+        Raises (before writing anything) only for misuse: ``ValueError`` when ``step`` was not
+        planned on the current state, ``IndexError`` for a bad ``slot``.
+        """
+        if step.version != self._version:
+            raise ValueError("a GroupedStep must be committed once, before the next plan")
+        state = self._slots[slot]
+        if state.backlog is None:
+            self._render_all(state, step.latest)
+        else:
+            for past in state.backlog:
+                self._apply(state, past)
+            self._apply(state, step)
+        np.copyto(state.counts_np, step.counts)
+        state.backlog = []
+        for other in self._slots:
+            if other is not state and other.backlog is not None:
+                if len(other.backlog) >= MAX_REPLAY_STEPS:
+                    other.backlog = None
+                else:
+                    other.backlog.append(step)
+        self._latest = step.latest
+        self._keys = step.keys
+        self._counts = step.counts
+        self._version += 1
+
+    def _apply(self, state: _SlotState, step: GroupedStep) -> None:
+        rows = self._num_rows
+        for gi, writes in enumerate(step.writes):
+            if writes is None:
+                state.stats[gi][0] += rows
+                continue
+            table = state.arrays[gi]
+            if writes.copy_dst:
+                table[writes.copy_dst] = table[writes.copy_src]
+            for index, block in writes.blocks:
+                table[index] = block
+            for row, ids in writes.rings:
+                tile_row(table[row], ids)
+            for key, value in writes.cells:
+                table[key] = value
+            counters = state.stats[gi]
+            counters[0] += max(rows - writes.rows, 0)
+            counters[1] += writes.rows
+            counters[2] += writes.cell_count
+
+    def _render_all(self, state: _SlotState, latest: tuple[list[list[int] | None], ...]) -> None:
+        for gi, group in enumerate(self._groups):
+            table = state.arrays[gi]
+            known = [row for row, ids in enumerate(latest[gi]) if ids is not None]
+            lists = [ids for ids in latest[gi] if ids is not None]
+            unknown = sorted(set(self._row_range).difference(known))
+            if unknown:
+                table[unknown] = group.pad if group.kind == "paged" else 0
+            if known:
+                table[known] = _render(group, lists, _flat_ids(lists))
+            counters = state.stats[gi]
+            counters[1] += self._num_rows
+            counters[2] += self._num_rows * group.width
+
+
+class _GroupPlanner:
+    """Decides one group's writes for one step (see :meth:`GroupedTables.plan`)."""
+
+    def __init__(
+        self, group: TableGroup, latest: list[list[int] | None], place: Callable[[int], str]
+    ) -> None:
+        self.group = group
+        self.latest = latest
+        self.new_latest = latest[:]
+        self.place = place
+        self.writes = _GroupWrites([], [], [], [], [], 0, 0)
+        self.whole_rows: list[int] = []
+        self.whole_ids: list[list[int]] = []
+        self.padding_rows: set[int] = set()
+        self.lengths: list[tuple[int, int]] = []
+        self.rows_written = 0
+        self.cell_count = 0
+
+    def padding(self, row: int, ids: list[int]) -> None:
+        """A padding row: its ids are the caller's own, written as they are."""
+        self.padding_rows.add(row)
+        self._whole(row, ids)
+
+    def occupant(self, row: int, ids: list[Any], src: int | None, base: list[int] | None) -> None:
+        """A request's row; ``base``: the ids its request held (at row ``src`` when it moved),
+        ``None`` for a request new to the tables."""
+        group = self.group
+        if src is not None and base is not None and ids == base:
+            self.writes.copy_dst.append(row)
+            self.writes.copy_src.append(src)
+            self.new_latest[row] = base
+            self.lengths.append((row, len(base)))
+            self._count(group.width)
+            return
+        if base is not None:
+            n, m = len(ids), len(base)
+            if n == m and n:
+                positions = list(compress(range(n), map(operator.ne, ids, base)))
+                if len(positions) <= max(SMALL_CHANGE, n // 4):
+                    self._patch(row, ids, src, base, positions)
+                    return
+            elif group.kind == "paged" and 0 < m < n <= group.width and ids[:m] == base:
+                self._append(row, ids, src, base)
+                return
+            elif group.kind == "paged" and n < m and ids == base[:n]:
+                self._move(row, src)
+                self.new_latest[row] = base[:n]
+                self.lengths.append((row, n))
+                self._cells((row, slice(n, m)), group.pad, m - n)
+                return
+        self._whole(row, self._held_ints(row, ids, base))
+
+    def finish(
+        self,
+    ) -> tuple[_GroupWrites, list[list[int] | None], list[tuple[int, int]]]:
+        """The group's writes, its rows' ids after the step, and ``(row, length)`` of every row
+        whose length may have changed."""
+        whole_rows, whole_ids = self.whole_rows, self.whole_ids
+        if len(whole_rows) >= BLOCK_RENDER_MIN_ROWS:
+            flat = _flat_ids(whole_ids)
+            self._check_block(whole_rows, whole_ids, flat)
+            index = np.array(whole_rows, dtype=np.intp)
+            self.writes.blocks.append((index, _render(self.group, whole_ids, flat)))
+        else:
+            for row, ids in zip(whole_rows, whole_ids, strict=True):
+                self._check_row(row, ids)
+                self._write_row(row, ids)
+        for row, ids in zip(whole_rows, whole_ids, strict=True):
+            self.new_latest[row] = ids
+            self.lengths.append((row, len(ids)))
+        count = len(whole_rows)
+        writes = self.writes._replace(
+            rows=self.rows_written + count, cell_count=self.cell_count + count * self.group.width
+        )
+        return writes, self.new_latest, self.lengths
+
+    # --- decisions --------------------------------------------------------------------------------
+
+    def _patch(
+        self, row: int, ids: list[Any], src: int | None, base: list[int], positions: list[int]
+    ) -> None:
+        """Same length, ``positions`` changed: check and write only those."""
+        group = self.group
+        new = base[:]
+        for p in positions:
+            new[p] = self._new_id(row, ids[p])
+        if len(positions) == 1:
+            if ids.count(new[positions[0]]) != 1:
+                self._repeat(row, new[positions[0]])
+        elif len(set(new)) != len(new):
+            self._repeat(row, _first_repeat(new))
+        self._move(row, src)
+        self.new_latest[row] = new
+        n, width = len(new), group.width
+        for p in positions:
+            if group.kind == "ring":
+                self._cells((row, slice(p, width, n)), new[p], len(range(p, width, n)))
+            else:
+                self._cells((row, p), new[p], 1)
+        self.lengths.append((row, n))
+
+    def _append(self, row: int, ids: list[Any], src: int | None, base: list[int]) -> None:
+        """A paged row grown at its end: check and write the new ids."""
+        m = len(base)
+        tail = [self._new_id(row, x) for x in ids[m:]]
+        new = base + tail
+        if len(set(new)) != len(new):
+            self._repeat(row, _first_repeat(new))
+        self._move(row, src)
+        self.new_latest[row] = new
+        self.lengths.append((row, len(new)))
+        value = tail[0] if len(tail) == 1 else np.array(tail, dtype=np.int32)
+        self._cells((row, slice(m, len(new))), value, len(tail))
+
+    def _move(self, row: int, src: int | None) -> None:
+        """A moved request's row starts as a copy of the row it held."""
+        if src is not None:
+            self.writes.copy_dst.append(row)
+            self.writes.copy_src.append(src)
+            self._count(self.group.width)
+
+    def _whole(self, row: int, ids: list[int]) -> None:
+        self.whole_rows.append(row)
+        self.whole_ids.append(ids)
+
+    def _held_ints(self, row: int, ids: list[Any], base: list[int] | None) -> list[int]:
+        """``ids`` with every id equal to the held id at its position taken as the held int; any
+        other id must be an integer (NumPy integers converted)."""
+        if set(map(type, ids)) <= _INT:
+            return ids[:]  # never hold the caller's list: a scheduler mutates its lists in place
+        held = base or []
+        out = []
+        for p, x in enumerate(ids):
+            if type(x) is not int:
+                if p < len(held) and _equal(x, held[p]):
+                    x = held[p]
+                elif isinstance(x, np.integer):
+                    x = int(x)
+                else:
+                    raise self._type_error(row, x)
+            out.append(x)
+        return out
+
+    # --- checks -----------------------------------------------------------------------------------
+
+    def _new_id(self, row: int, x: object) -> int:
+        """A changed id as a plain int in range (NumPy integers converted)."""
+        if type(x) is not int:
+            if not isinstance(x, np.integer):
+                raise self._type_error(row, x)
+            x = int(x)
+        if not 0 <= x < self.group.id_limit:
+            self._out_of_range(row, x)
+        return x
+
+    def _check_row(self, row: int, ids: list[int]) -> None:
+        """A whole row of plain ints: length, range, repeats."""
+        if row in self.padding_rows:
+            return
+        self._check_length(row, len(ids))
+        if ids:
+            low, high = min(ids), max(ids)
+            if low < 0 or high >= self.group.id_limit:
+                self._out_of_range(row, low if low < 0 else high)
+            if len(set(ids)) != len(ids):
+                self._repeat(row, _first_repeat(ids))
+
+    def _check_block(
+        self, rows: list[int], lists: list[list[int]], flat: npt.NDArray[np.int64]
+    ) -> None:
+        """The checks of :meth:`_check_row` for many rows at once; on a failure, the row by row
+        check names the first bad row."""
+        group = self.group
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        padding = self.padding_rows
+        trusted = np.fromiter(map(padding.__contains__, rows), dtype=bool, count=len(rows))
+        checked = ~trusted
+        bad = False
+        if lengths[checked].size:
+            shortest = 1 if group.kind == "ring" else 0
+            bad = bool(lengths[checked].min() < shortest or lengths[checked].max() > group.width)
+        if not bad and flat.size:
+            owner = np.repeat(np.arange(len(lists)), lengths)
+            values = flat[~trusted[owner]]
+            if values.size:
+                bad = bool(values.min() < 0 or values.max() >= group.id_limit)
+                if not bad:
+                    keyed = np.sort(owner[~trusted[owner]] * (INT32_MAX + 1) + values)
+                    bad = bool((keyed[1:] == keyed[:-1]).any())
+        if bad:
+            for row, ids in zip(rows, lists, strict=True):
+                self._check_row(row, ids)
+
+    def _check_length(self, row: int, n: int) -> None:
+        group = self.group
+        if group.kind == "ring" and n == 0:
+            raise BlockIdValueError(
+                f"ring block-table row has no ids ({self.place(row)}, group {group.name})",
+                row,
+                group.name,
+                [],
+            )
+        if n > group.width:
+            raise BlockIdValueError(
+                f"row has {n} blocks, maximum is {group.width} "
+                f"({self.place(row)}, group {group.name})",
+                row,
+                group.name,
+                n,
+            )
+
+    def _type_error(self, row: int, x: object) -> BlockIdTypeError:
+        name = self.group.name
+        return BlockIdTypeError(
+            f"{self.place(row)} group {name} holds {x!r} of type {type(x).__name__}; "
+            "block IDs must be integers",
+            row,
+            name,
+            x,
+        )
+
+    def _out_of_range(self, row: int, x: int) -> None:
+        group = self.group
+        raise BlockIdValueError(
+            f"block IDs must be in [0, {group.id_limit}) ({self.place(row)}, group {group.name}, "
+            f"id {x})",
+            row,
+            group.name,
+            x,
+        )
+
+    def _repeat(self, row: int, x: int) -> None:
+        group = self.group
+        raise BlockIdValueError(
+            f"a row must not repeat block IDs ({self.place(row)}, group {group.name}, id {x})",
+            row,
+            group.name,
+            x,
+        )
+
+    # --- writes -----------------------------------------------------------------------------------
+
+    def _write_row(self, row: int, ids: list[int]) -> None:
+        group = self.group
+        array = np.array(ids, dtype=np.int32)
+        if group.kind == "ring":
+            self.writes.rings.append((row, array))
+        else:
+            n = len(ids)
+            if n:
+                self.writes.cells.append(((row, slice(0, n)), array))
+            if n < group.width:
+                self.writes.cells.append(((row, slice(n, group.width)), group.pad))
+
+    def _cells(self, key: tuple[int, slice | int], value: Any, cells: int) -> None:
+        self.writes.cells.append((key, value))
+        self._count(cells)
+
+    def _count(self, cells: int) -> None:
+        self.rows_written += 1
+        self.cell_count += cells
+
+
+def _equal(x: object, held: int) -> bool:
+    """Whether ``x`` equals ``held`` by value (``6.0``, ``True``, ``np.float64(6)``)."""
+    try:
+        return bool(x == held)
+    except Exception:  # an object whose comparison fails is not the held id
+        return False
+
+
+def _incomparable(
+    column: Sequence[Any], group: TableGroup, place: Callable[[int], str]
+) -> BlockIdTypeError:
+    """The error for the first id of ``column`` that is not a number."""
+    for row, ids in enumerate(column):
+        for x in ids:
+            try:
+                bool(x == 0)
+            except Exception:
+                return BlockIdTypeError(
+                    f"{place(row)} group {group.name} holds {x!r} of type "
+                    f"{type(x).__name__}; block IDs must be integers",
+                    row,
+                    group.name,
+                    x,
+                )
+    return BlockIdTypeError(f"group {group.name}: block IDs must be integers", -1, group.name, None)
+
+
+def _first_repeat(ids: list[int]) -> int:
+    seen = set()
+    for x in ids:
+        if x in seen:
+            return x
+        seen.add(x)
+    raise AssertionError("no repeated id")
+
+
+def _as_list(ids: object, row: int, group: TableGroup, place: Callable[[int], str]) -> list[Any]:
+    """Row ``row``'s ids as a list: lists as they are, tuples copied, 1-D integer arrays and tensors
+    through ``tolist()``."""
+    if isinstance(ids, list):
+        return ids
+    if isinstance(ids, tuple):
+        return list(ids)
+    if isinstance(ids, (np.ndarray, torch.Tensor)):
+        if ids.ndim == 1 and has_integer_dtype(ids):
+            values: list[Any] = ids.tolist()
+            return values
+        raise BlockIdTypeError(
+            f"{place(row)} group {group.name} must hold integer block IDs, got a "
+            f"{type(ids).__name__} of dtype {ids.dtype} and shape {list(ids.shape)}",
+            row,
+            group.name,
+            ids,
+        )
+    raise BlockIdTypeError(
+        f"{place(row)} group {group.name} must be a sequence of block IDs, "
+        f"got {type(ids).__name__}",
+        row,
+        group.name,
+        ids,
+    )
+
+
+def _flat_ids(lists: list[list[int]]) -> npt.NDArray[np.int64]:
+    """Every id of ``lists`` (plain ints), row after row, as one int64 array."""
+    total = sum(map(len, lists))
+    return np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=total)
+
+
+def _render(
+    group: TableGroup, lists: list[list[int]], flat: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int32]:
+    """The ``[len(lists), width]`` int32 rows of ``lists`` (ids already checked)."""
+    width = group.width
+    count = len(lists)
+    lengths = np.fromiter(map(len, lists), dtype=np.int64, count=count)
+    if group.kind == "paged":
+        block = np.full((count, width), group.pad, dtype=np.int32)
+        block[np.arange(width) < lengths[:, None]] = flat
+        return block
+    block = np.empty((count, width), dtype=np.int32)
+    starts = np.zeros(count, dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    for n in np.unique(lengths).tolist():
+        members = np.flatnonzero(lengths == n)
+        ids = flat[starts[members, None] + np.arange(n)].astype(np.int32)
+        if members.size == count:
+            tile_rows(block, ids)
+        else:
+            part = np.empty((members.size, width), dtype=np.int32)
+            tile_rows(part, ids)
+            block[members] = part
+    return block
