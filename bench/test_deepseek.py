@@ -13,13 +13,23 @@ then one of:
 
 Steady state is timed with one buffer slot and with two slots used in turn (upstream's ping-pong,
 where each slot catches up on two steps of changes). Also: a cold first step (a fresh preparer) and
-the memory floor of a full rewrite (copying all 56 tables' bytes). Before timing, blockprep's
-buffers are compared with the reference rebuild after every warm-up step (and again after timing),
-and the two reference variants with each other. ``extra_info`` records rows and cells written.
+the memory floor of a full rewrite (copying all 56 tables' bytes).
+
+The round-trip cases time what upstream's worker really receives: the simulation of
+``blockprep.bench.workloads.deepseek_wire_sim`` (prompts of 1-3000 tokens, pools of 4096 pages per
+group and rank, 0.5% of requests leaving each step and replaced in the same rank), each batch
+through a pickle round trip in the untimed setup (new lists of new int objects, as upstream's
+msgpack queue delivers them): the steady step with two slots used in turn, and the cold first step.
+
+Before timing, blockprep's buffers are compared with the reference rebuild after every warm-up step
+(and again after timing), and the two reference variants with each other. ``extra_info`` records
+rows and cells written.
 """
 
 from __future__ import annotations
 
+import itertools
+import pickle
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,7 +44,7 @@ from blockprep.adapters.deepseek import (
     DeepSeekV4Layout,
 )
 from blockprep.batch import DecodeBatch
-from blockprep.bench.workloads import deepseek_steady_sim
+from blockprep.bench.workloads import WIRE_LAYOUT, deepseek_steady_sim, deepseek_wire_sim
 from blockprep.reference import deepseek_v4_decode_rebuild
 from blockprep.testing import DeepSeekV4SchedulerSim
 
@@ -45,6 +55,10 @@ SHAPE = f"{RANKS} ranks x {BATCH} rows, 56 tables"
 STEADY = {1: f"deepseek v4 steady step: {SHAPE}, one buffer slot"}
 STEADY[2] = f"deepseek v4 steady step: {SHAPE}, two ping-pong slots"
 COLD = f"deepseek v4 cold first step: {SHAPE}"
+WIRE = (
+    f"deepseek v4 steady step after a pickle round trip: {SHAPE}, two ping-pong slots, 0.5% churn"
+)
+WIRE_COLD = f"deepseek v4 cold first step after a pickle round trip: {SHAPE}, 0.5% churn"
 FLOOR = f"deepseek v4 memory floor: copy all 56 tables' bytes ({SHAPE})"
 
 
@@ -56,16 +70,48 @@ LAYOUT = DeepSeekV4Layout(ranks=RANKS, decode_batch=BATCH, num_blocks=simulator(
 TABLE_CELLS = RANKS * BATCH * sum(g.width for g in LAYOUT.groups)
 
 
-def rebuild(batch: DecodeBatch, *, fix: bool, out: dict[str, torch.Tensor] | None = None) -> Any:
+def rebuild(
+    batch: DecodeBatch,
+    *,
+    fix: bool,
+    out: dict[str, torch.Tensor] | None = None,
+    layout: DeepSeekV4Layout = LAYOUT,
+) -> Any:
     return deepseek_v4_decode_rebuild(
         batch,
         ranks=RANKS,
         decode_batch=BATCH,
         decode_seq=1,
-        num_blocks=LAYOUT.num_blocks,
+        num_blocks=layout.num_blocks,
         fix=fix,
         out=out,
     )
+
+
+def round_trip(batch: DecodeBatch) -> DecodeBatch:
+    """The batch as upstream's worker receives it: new lists of new int objects."""
+    batch = pickle.loads(pickle.dumps(batch))
+    assert isinstance(batch, DecodeBatch)
+    return batch
+
+
+def written(preparer: DeepSeekV4DecodePreparer) -> tuple[int, int] | None:
+    """Rows and cells written so far into every slot, from the preparer's table counters
+    (``None`` if it keeps none)."""
+    table_stats = getattr(preparer, "table_stats", None)
+    if table_stats is None:
+        return None
+    stats = [s for slot in range(preparer.buffer_slots) for s in table_stats(slot).values()]
+    return sum(s.misses for s in stats), sum(s.cells_written for s in stats)
+
+
+def record_written(
+    benchmark: Any, before: tuple[int, int] | None, after: tuple[int, int] | None
+) -> None:
+    """Rows and cells written per timed step (nothing is recorded without counters)."""
+    if before is not None and after is not None:
+        benchmark.extra_info["rows_written_per_step"] = (after[0] - before[0]) / STEPS
+        benchmark.extra_info["cells_written_per_step"] = (after[1] - before[1]) / STEPS
 
 
 def assert_equal(inputs: DeepSeekV4DecodeInputs, expected: dict[str, torch.Tensor]) -> None:
@@ -84,12 +130,14 @@ def steps(
         step += 1
 
 
-def reference_step(fix: bool) -> Callable[[DecodeBatch, int], None]:
+def reference_step(
+    fix: bool, layout: DeepSeekV4Layout = LAYOUT
+) -> Callable[[DecodeBatch, int], None]:
     """Upstream's step: rebuild everything into the slot's persistent buffers."""
-    buffers = [rebuild(simulator().step(), fix=fix) for _ in range(2)]
+    buffers = [rebuild(simulator().step(), fix=fix, layout=layout) for _ in range(2)]
 
     def step(batch: DecodeBatch, slot: int) -> None:
-        rebuild(batch, fix=fix, out=buffers[slot])
+        rebuild(batch, fix=fix, out=buffers[slot], layout=layout)
 
     return step
 
@@ -117,7 +165,7 @@ def test_steady_step(benchmark: Any, impl: str, slots: int) -> None:
             assert_equal(
                 preparer.prepare(batch, buffer_slot=step % slots), rebuild(batch, fix=True)
             )
-        preparer.reset_stats()
+        before = written(preparer)
 
         def target(batch: DecodeBatch, slot: int) -> Any:
             return preparer.prepare(batch, buffer_slot=slot)
@@ -135,9 +183,7 @@ def test_steady_step(benchmark: Any, impl: str, slots: int) -> None:
 
     benchmark.pedantic(remember, setup=lambda: next(setup), rounds=STEPS, warmup_rounds=0)
     if impl == "blockprep":
-        stats = [s for slot in range(slots) for s in preparer.table_stats(slot).values()]
-        benchmark.extra_info["rows_written_per_step"] = sum(s.misses for s in stats) / STEPS
-        benchmark.extra_info["cells_written_per_step"] = sum(s.cells_written for s in stats) / STEPS
+        record_written(benchmark, before, written(preparer))
         # The live lists moved on since; a fresh step of each slot must still match.
         for slot in range(slots):
             batch = sim.step()
@@ -171,6 +217,84 @@ def test_cold_first_step(benchmark: Any, impl: str) -> None:
         assert all(torch.equal(out[name], expected[name]) for name in expected)
         benchmark.pedantic(
             lambda: rebuild(batch, fix=impl == "fix", out=out),
+            rounds=COLD_ROUNDS,
+            warmup_rounds=1,
+        )
+    benchmark.extra_info["table_cells"] = TABLE_CELLS
+    benchmark.extra_info["cells_written_per_step"] = TABLE_CELLS
+
+
+def wire_simulator() -> DeepSeekV4SchedulerSim:
+    """The round-trip workload's scheduler, after ``WARMUP`` steps."""
+    sim = deepseek_wire_sim(SEED)
+    for _ in range(WARMUP):
+        sim.step()
+    return sim
+
+
+@pytest.mark.parametrize("impl", ["pre-fix", "fix", "blockprep"])
+def test_round_trip_steady_step(benchmark: Any, impl: str) -> None:
+    """Two slots in turn (``buffer_slot = step % 2``); only the prepare call is timed, the
+    scheduler's step and the round trip run in the setup."""
+    benchmark.group = WIRE
+    benchmark.extra_info["impl"] = impl
+    benchmark.extra_info["table_cells"] = TABLE_CELLS
+    sim = wire_simulator()
+    if impl == "blockprep":
+        preparer = DeepSeekV4DecodePreparer(WIRE_LAYOUT, buffer_slots=2)
+        for step in range(WARMUP):  # checked against the reference after every step
+            batch = round_trip(sim.step())
+            expected = rebuild(batch, fix=True, layout=WIRE_LAYOUT)
+            assert_equal(preparer.prepare(batch, buffer_slot=step % 2), expected)
+        before = written(preparer)
+
+        def target(batch: DecodeBatch, slot: int) -> Any:
+            return preparer.prepare(batch, buffer_slot=slot)
+
+    else:
+        target = reference_step(impl == "fix", WIRE_LAYOUT)  # type: ignore[assignment]
+    counter = itertools.count()
+
+    def setup() -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (round_trip(sim.step()), next(counter) % 2), {}
+
+    benchmark.pedantic(target, setup=setup, rounds=STEPS, warmup_rounds=0)
+    if impl == "blockprep":
+        record_written(benchmark, before, written(preparer))
+        for slot in range(2):  # a fresh step of each slot must still match
+            batch = round_trip(sim.step())
+            expected = rebuild(batch, fix=True, layout=WIRE_LAYOUT)
+            assert_equal(preparer.prepare(batch, buffer_slot=slot), expected)
+    else:
+        benchmark.extra_info["rows_written_per_step"] = RANKS * BATCH * len(GROUP_NAMES)
+        benchmark.extra_info["cells_written_per_step"] = TABLE_CELLS
+
+
+@pytest.mark.parametrize("impl", ["pre-fix", "fix", "blockprep"])
+def test_round_trip_cold_first_step(benchmark: Any, impl: str) -> None:
+    """The first step of a fresh two-slot preparer on a round-tripped batch (each round its own
+    round trip and preparer, made in the setup)."""
+    benchmark.group = WIRE_COLD
+    benchmark.extra_info["impl"] = impl
+    batch = wire_simulator().step()
+    expected = rebuild(batch, fix=False, layout=WIRE_LAYOUT)
+    if impl == "blockprep":
+
+        def fresh() -> tuple[tuple[Any, ...], dict[str, Any]]:
+            return (DeepSeekV4DecodePreparer(WIRE_LAYOUT, buffer_slots=2), round_trip(batch)), {}
+
+        def cold(preparer: DeepSeekV4DecodePreparer, batch: DecodeBatch) -> Any:
+            return preparer.prepare(batch, buffer_slot=0)
+
+        assert_equal(cold(*fresh()[0]), expected)
+        benchmark.pedantic(cold, setup=fresh, rounds=COLD_ROUNDS, warmup_rounds=1)
+    else:
+        fix = impl == "fix"
+        out = rebuild(batch, fix=fix, layout=WIRE_LAYOUT)
+        assert all(torch.equal(out[name], expected[name]) for name in expected)
+        benchmark.pedantic(
+            lambda batch: rebuild(batch, fix=fix, out=out, layout=WIRE_LAYOUT),
+            setup=lambda: ((round_trip(batch),), {}),
             rounds=COLD_ROUNDS,
             warmup_rounds=1,
         )

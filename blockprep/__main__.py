@@ -1,22 +1,68 @@
 """``python -m blockprep bench``: measure blockprep against upstream's constructions.
 
-Prints a table on stdout (progress on stderr); ``--json`` and ``--plot`` save the results.
+Prints a header line (the measuring conditions), a table, the workloads' conditions and any
+reliability warnings on stdout (progress on stderr); ``--json`` and ``--plot`` save the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from blockprep.bench.report import table, write_json, write_plot
-from blockprep.bench.runner import MismatchError, run_workload
+import torch
+
+from blockprep.bench.report import (
+    footer,
+    header,
+    legend,
+    load_average,
+    table,
+    warnings,
+    write_json,
+    write_plot,
+)
+from blockprep.bench.runner import (
+    MismatchError,
+    Result,
+    Timing,
+    memory_floor,
+    summarize,
+    time_workload,
+    verify,
+)
 from blockprep.bench.workloads import Workload, standard_workloads
 
 QUICK_STEPS = 60
 DEFAULT_STEPS = 300
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _output_path(text: str) -> Path:
+    """An argparse type: a file path that can be written (its directory exists and is writable,
+    the path is no directory), so a bad path fails before anything is timed."""
+    path = Path(text)
+    parent = path.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: directory {str(parent)!r} does not exist")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: is a directory")
+    if not os.access(path if path.exists() else parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not writable")
+    return path
 
 
 def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
@@ -26,8 +72,10 @@ def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
         "bench",
         help="time the standard workloads",
         description="Check, then time, upstream pre-fix, upstream fix and blockprep on each "
-        "workload: median and p90 per step, speed-up against pre-fix, rows and cells written, "
-        "and the memory floor (the time to copy a full rewrite's bytes).",
+        "workload, interleaved round by round on one torch thread: median and p10-p90 per step, "
+        "speed-ups against pre-fix and fix, rows and cells written, and the memory floor (the "
+        "time to copy a full rewrite's bytes); warns when the spread or the load average says "
+        "the figures are unreliable.",
     )
     bench.add_argument(
         "--workload",
@@ -38,11 +86,24 @@ def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps a workload")
     bench.add_argument(
-        "--steps", type=int, help=f"timed steps a workload (default {DEFAULT_STEPS})"
+        "--steps",
+        type=_positive_int,
+        help=f"timed steps a workload (default {DEFAULT_STEPS}; overrides --quick)",
+    )
+    bench.add_argument(
+        "--runs",
+        type=_positive_int,
+        default=1,
+        help="repeat the whole timing N times and report the median of the runs' medians and "
+        "each speed-up's min-max over runs (default 1)",
     )
     bench.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
-    bench.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
-    bench.add_argument("--plot", type=Path, metavar="PATH", help="also draw a log-scale PNG")
+    bench.add_argument(
+        "--json", type=_output_path, metavar="PATH", help="also write the results as JSON"
+    )
+    bench.add_argument(
+        "--plot", type=_output_path, metavar="PATH", help="also draw a log-scale PNG"
+    )
     return parser
 
 
@@ -55,36 +116,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     if importlib.util.find_spec("tqdm") is None:
         print("the bench command needs tqdm: pip install 'blockprep[bench]'", file=sys.stderr)
         return 2
-    steps = args.steps or (QUICK_STEPS if args.quick else DEFAULT_STEPS)
-    if steps < 1:
-        print("--steps must be at least 1", file=sys.stderr)
-        return 2
-    return _bench(workloads, args.workload or list(workloads), steps, args)
+    if args.steps is None:
+        args.steps = QUICK_STEPS if args.quick else DEFAULT_STEPS
+    return _bench(workloads, args.workload or list(workloads), args)
 
 
-def _bench(
-    workloads: Mapping[str, Workload], names: list[str], steps: int, args: argparse.Namespace
-) -> int:
+def _bench(workloads: Mapping[str, Workload], names: list[str], args: argparse.Namespace) -> int:
+    """Check every workload, time all of them ``args.runs`` times (each run one pass over the
+    workloads, so a slow spell of the machine lands in one run of several workloads rather than
+    in every run of one), then report."""
     from tqdm import tqdm  # the bench extra; checked for in main()
 
-    results = []
-    phases = sum(1 + len(workloads[name].constructions) for name in names)
-    with tqdm(total=phases, file=sys.stderr, unit="phase", leave=False) as bar:
-        for name in names:
-            bar.set_description(name)
-            try:
-                results += run_workload(workloads[name], steps, args.seed, lambda _: bar.update())
-            except MismatchError as error:
-                bar.close()
-                print(f"error: {error}", file=sys.stderr)
-                return 1
-    print(table(results))
-    options = {"workloads": names, "steps": steps, "seed": args.seed}
+    threads = torch.get_num_threads()
+    timings: dict[str, list[dict[str, Timing]]] = {name: [] for name in names}
+    floors: dict[str, float] = {}
+    loads: list[float] = []
+    with tqdm(total=len(names) * (1 + args.runs), file=sys.stderr, leave=False) as bar:
+        for run in range(args.runs):
+            for name in names:
+                workload = workloads[name]
+                if run == 0:
+                    bar.set_description(f"{name}: check")
+                    try:
+                        verify(workload, args.steps, args.seed)
+                    except MismatchError as error:
+                        bar.close()
+                        print(f"error: {error}", file=sys.stderr)
+                        return 1
+                    floors[name] = memory_floor(workload.cells)
+                    bar.update()
+                bar.set_description(f"{name}: run {run + 1}/{args.runs}")
+                timings[name].append(time_workload(workload, args.steps, args.seed))
+                load = load_average()
+                if load is not None:
+                    loads.append(load)
+                bar.update()
+    results = [r for name in names for r in summarize(workloads[name], timings[name], floors[name])]
+    _report(results, {name: workloads[name].description for name in names}, loads, threads, args)
+    return 0
+
+
+def _report(
+    results: list[Result],
+    descriptions: dict[str, str],
+    loads: list[float],
+    threads: int,
+    args: argparse.Namespace,
+) -> None:
+    found = warnings(results, loads, os.cpu_count() or 1)
+    parts = [
+        header(args.steps, args.runs, args.seed, threads),
+        table(results),
+        legend(descriptions),
+        footer(found),
+    ]
+    print("\n\n".join(part for part in parts if part))
     if args.json is not None:
-        write_json(args.json, results, options)
+        options = {
+            "workloads": list(descriptions),
+            "steps": args.steps,
+            "runs": args.runs,
+            "seed": args.seed,
+            "torch_threads": 1,
+            "interleaved": True,
+        }
+        conditions = {"load_averages": loads, "warnings": found, "descriptions": descriptions}
+        write_json(args.json, results, options, conditions)
     if args.plot is not None:
         write_plot(args.plot, results)
-    return 0
 
 
 if __name__ == "__main__":

@@ -2,42 +2,142 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+import torch
 
 from blockprep.__main__ import main
-from blockprep.bench.runner import MismatchError, run_workload, verify
-from blockprep.bench.workloads import CONSTRUCTIONS, Workload, standard_workloads
+from blockprep.bench.report import footer, warnings
+from blockprep.bench.runner import (
+    MismatchError,
+    Result,
+    RunResult,
+    run_workload,
+    time_workload,
+    verify,
+)
+from blockprep.bench.workloads import (
+    CONSTRUCTIONS,
+    Workload,
+    deepseek_wire_trace,
+    standard_workloads,
+)
+
+
+def _table_lines(out: str) -> list[str]:
+    """The table of the bench's stdout: from its header row to the first blank line."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("workload "))
+    return lines[start : lines.index("", start)]
 
 
 def test_bench_writes_table_json_and_plot(tmp_path: Path, capsys: Any) -> None:
     json_path, plot_path = tmp_path / "bench.json", tmp_path / "bench.png"
     argv = ["bench", "--steps", "3", "--workload", "qwen3-14b", "--workload", "paged-8x128-mixed"]
+    threads = torch.get_num_threads()
     assert main([*argv, "--json", str(json_path), "--plot", str(plot_path)]) == 0
+    assert torch.get_num_threads() == threads
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split()[:4] == ["workload", "construction", "median", "us"]
-    assert sum(line.startswith("qwen3-14b") for line in out.splitlines()) == 3
+    assert out.startswith("blockprep bench: 3 timed steps a workload, 1 run, seed 0; every ")
+    assert "one torch thread" in out.splitlines()[0]
+    lines = _table_lines(out)
+    assert lines[0].split()[:7] == [
+        "workload",
+        "construction",
+        "median",
+        "us",
+        "p10-p90",
+        "us",
+        "vs",
+    ]
+    assert sum(line.startswith("qwen3-14b") for line in lines) == 3
+    assert "qwen3-14b: Qwen3-14B decode prepare" in out
     document = json.loads(json_path.read_text())
     assert document["options"] == {
         "workloads": ["qwen3-14b", "paged-8x128-mixed"],
         "steps": 3,
+        "runs": 1,
         "seed": 0,
+        "torch_threads": 1,
+        "interleaved": True,
     }
+    assert set(document["conditions"]) == {"load_averages", "warnings", "descriptions"}
     results = document["results"]
     assert [(r["workload"], r["construction"]) for r in results] == [
         (w, c) for w in ("qwen3-14b", "paged-8x128-mixed") for c in CONSTRUCTIONS
     ]
     for result in results:
         assert result["steps"] == 3 and result["median_us"] > 0 and result["floor_us"] > 0
-        assert result["p90_us"] >= result["median_us"]
-    pre_fix = results[0]
+        assert result["p10_us"] <= result["median_us"] <= result["p90_us"]
+        assert len(result["runs"]) == 1
+    pre_fix, fix = results[0], results[1]
     assert pre_fix["speedup"] == 1.0 and pre_fix["cells_per_step"] == 16 * 32
+    assert fix["speedup_fix"] == 1.0
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("option", ["--steps", "--runs"])
+@pytest.mark.parametrize("value", ["0", "-3", "x"])
+def test_counts_below_one_are_rejected(option: str, value: str, capsys: Any) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", option, value])
+    assert exit_info.value.code == 2
+    assert f"argument {option}:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_an_unwritable_output_path_fails_before_anything_runs(
+    option: str, tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    monkeypatch.setattr("blockprep.__main__.verify", _never)
+    monkeypatch.setattr("blockprep.__main__.time_workload", _never)
+    for path in (tmp_path / "missing" / "out", tmp_path):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", "--steps", "1", option, str(path)])
+        assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "is a directory" in err
+
+
+def _never(*args: Any) -> None:
+    raise AssertionError("the bench ran")
+
+
+def test_round_trip_workloads_run_and_verify(tmp_path: Path, capsys: Any) -> None:
+    json_path = tmp_path / "bench.json"
+    names = ["deepseek-v4-wire", "deepseek-v4-wire-cold"]
+    argv = ["bench", "--steps", "2", "--runs", "2", "--json", str(json_path)]
+    assert main([*argv, *(arg for name in names for arg in ("--workload", name))]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs (medians of the runs' medians)" in out.splitlines()[0]
+    lines = _table_lines(out)
+    assert [line.split()[0] for line in lines[2:]] == [n for n in names for _ in CONSTRUCTIONS]
+    assert all(line.count("x (") == 2 for line in lines[2:])  # each speed-up's min-max
+    assert "pickle round trip" in out and "2 slots in turn" in out and "0.5% churn" in out
+    results = json.loads(json_path.read_text())["results"]
+    for result in results:
+        assert len(result["runs"]) == 2 and result["steps"] == 2
+        assert result["median_us"] == statistics.median(r["median_us"] for r in result["runs"])
+    rebuilds = [r for r in results if r["construction"] != "blockprep"]
+    assert {(r["rows_per_step"], r["cells_per_step"]) for r in rebuilds} == {(448, 688_128)}
+
+
+def test_the_wire_trace_round_trips_into_alternate_slots() -> None:
+    items = list(deepseek_wire_trace(3, 0))
+    assert [item.slot for item in items] == [0, 1, 0, 1]
+    assert all(len(item.batch.request_ids) == 64 for item in items)
+    first, second = (item.batch.block_ids_by_group for item in items[:2])
+    assert all(a["ori"] is not b["ori"] for a, b in zip(first, second, strict=True))
+    big = [i for groups in first for i in groups["csa_state"] if i > 256]
+    assert big and all(type(i) is int for i in big)
 
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch: Any, capsys: Any) -> None:
@@ -112,3 +212,65 @@ def test_cli_mismatch_exits_with_the_error_and_no_table(monkeypatch: Any, capsys
 def test_standard_workloads_agree_across_constructions() -> None:
     for workload in standard_workloads().values():
         verify(workload, 4, 1)
+
+
+class _Logged(_Right):
+    """Records, into a shared log, its construction's name and torch's thread count per step."""
+
+    log: ClassVar[list[tuple[str, int]]] = []
+    name = ""
+
+    def step(self, item: Any) -> None:
+        super().step(item)
+        self.log.append((self.name, torch.get_num_threads()))
+
+
+def _logged_workload(cold: bool) -> Workload:
+    constructions = {name: type(name, (_Logged,), {"name": name}) for name in CONSTRUCTIONS}
+    return dataclasses.replace(_workload(_Right), constructions=constructions, cold=cold)
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_constructions_are_interleaved_round_by_round_on_one_thread(cold: bool) -> None:
+    _Logged.log.clear()
+    threads = torch.get_num_threads()
+    timings = time_workload(_logged_workload(cold), 4, 0)
+    assert torch.get_num_threads() == threads
+    timed = _Logged.log if cold else _Logged.log[3:]  # steady: the warm-up step first
+    a, b, c = CONSTRUCTIONS
+    assert [name for name, _ in timed] == [a, b, c, b, c, a, c, a, b, a, b, c]
+    assert {count for _, count in _Logged.log} == {1}
+    assert all(len(t.durations_us) == 4 for t in timings.values())
+
+
+def test_an_uncounted_construction_shows_no_rows(
+    monkeypatch: Any, tmp_path: Path, capsys: Any
+) -> None:
+    monkeypatch.setattr("blockprep.__main__.standard_workloads", lambda: {"toy": _workload(_Right)})
+    json_path = tmp_path / "toy.json"
+    assert main(["bench", "--steps", "2", "--json", str(json_path)]) == 0
+    assert all(
+        line.split()[-3:-1] == ["-", "-"] for line in _table_lines(capsys.readouterr().out)[2:]
+    )
+    results = json.loads(json_path.read_text())["results"]
+    assert {r["rows_per_step"] for r in results} == {None}
+
+
+def _result(construction: str, p10: float, p90: float, speedups: Sequence[float]) -> Result:
+    runs = tuple(RunResult(1.0, p10, p90, s, s) for s in speedups)
+    return Result("w", construction, 10, 1.0, p10, p90, 1.0, 1.0, 1.0, 1.0, 1.0, runs)
+
+
+def test_warnings_name_a_noisy_rebuild_disagreeing_runs_and_load() -> None:
+    quiet = [_result("pre-fix", 1.0, 1.2, [1.0, 1.0]), _result("blockprep", 1.0, 3.0, [9, 10])]
+    assert warnings(quiet, [0.9], cpus=2) == []
+    noisy = [_result("pre-fix", 1.0, 2.0, [1.0]), _result("blockprep", 1.0, 1.0, [9, 13])]
+    found = warnings(noisy, [1.7], cpus=2)
+    assert [line.split(":")[0] for line in found] == [
+        "w pre-fix",
+        "w blockprep",
+        "w blockprep",
+        "load average up to 1.70 on 2 CPUs (above 1.5; the bench itself counts about 1)",
+    ]
+    assert footer(found).splitlines()[-1].startswith("warning: these figures are unreliable")
+    assert footer([]) == ""

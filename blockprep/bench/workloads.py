@@ -3,24 +3,25 @@
 A workload's constructions are upstream's before its fix (``pre-fix``), upstream's fix (``fix``)
 and blockprep (``blockprep``), all fed the same precomputed trace. Every construction is a
 :class:`Stepper`: it takes one step's input and exposes the buffers it wrote, so the runner can
-check that all three agree cell for cell before it times anything.
+check that all three agree cell for cell before it times anything, and counts what it wrote.
 """
 
 from __future__ import annotations
 
+import abc
 import collections
+import functools
+import pickle
 import random
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy.typing as npt
 import torch
 
 from blockprep import reference
 from blockprep.adapters.deepseek import (
-    GROUP_NAMES,
-    INPUT_FIELDS,
     DeepSeekV4DecodeInputs,
     DeepSeekV4DecodePreparer,
     DeepSeekV4Layout,
@@ -44,7 +45,8 @@ class Stepper(Protocol):
         """The buffers the step wrote, by name, as NumPy arrays (views, not copies)."""
 
     def written(self) -> tuple[int, int] | None:
-        """``(rows, cells)`` written so far, or ``None`` for a construction that rewrites all."""
+        """``(rows, cells)`` of tables written so far, or ``None`` if the construction cannot
+        count them (the bench then reports no figure)."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,11 @@ class Workload:
 
     ``trace(steps, seed)`` yields ``steps + 1`` step inputs, lazily, as a scheduler would: the
     same sequence on every call, each input made just before it is prepared (and it may be
-    mutated once the next one is made, like a scheduler's live page lists). The first input warms
-    the constructions up and is not timed, unless ``cold``, where every timed step runs on a fresh
-    construction. ``rows`` and ``cells`` are the block-table rows and cells one full rewrite
-    writes (the memory floor is the time to copy ``cells`` int32 values).
+    mutated once the next one is made, like a scheduler's live page lists); every construction
+    gets a trace of its own. The first input warms the constructions up and is not timed, unless
+    ``cold``, where every timed step runs on a fresh construction. ``rows`` and ``cells`` are the
+    block-table rows and cells one full rewrite writes (the memory floor is the time to copy
+    ``cells`` int32 values). ``description`` names the conditions the workload assumes.
     """
 
     name: str
@@ -69,24 +72,43 @@ class Workload:
     quick: bool = True
 
 
+class _FullRewrite(abc.ABC):
+    """A construction that rewrites every table row and cell each step: ``rows`` and ``cells``
+    a step, counted by :meth:`step` around the subclass's :meth:`_prepare`."""
+
+    def __init__(self, rows: int, cells: int) -> None:
+        self._size = rows, cells
+        self._steps = 0
+
+    def step(self, item: Any) -> None:
+        self._prepare(item)
+        self._steps += 1
+
+    @abc.abstractmethod
+    def _prepare(self, item: Any) -> None:
+        """Prepare one step's input."""
+
+    def written(self) -> tuple[int, int] | None:
+        rows, cells = self._size
+        return rows * self._steps, cells * self._steps
+
+
 # --- builders: one table per step, rebuilt whole -----------------------------------------------
 
 
-class _BuilderStepper:
+class _BuilderStepper(_FullRewrite):
     """A stateless builder rebuilding the whole table from the step's rows."""
 
     def __init__(self, build: Callable[[Any, torch.Tensor], torch.Tensor], shape: tuple[int, int]):
+        super().__init__(shape[0], shape[0] * shape[1])
         self._build = build
         self._out = torch.empty(shape, dtype=torch.int32)
 
-    def step(self, item: Any) -> None:
+    def _prepare(self, item: Any) -> None:
         self._build(item, self._out)
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
         return {"table": self._out.numpy()}
-
-    def written(self) -> tuple[int, int] | None:
-        return None
 
 
 def _same_rows(rows: int, lengths: Callable[[random.Random], int]) -> Callable[[int, int], Any]:
@@ -191,6 +213,7 @@ def _block_table_workload(rows: int, width: int, ring: int, *, idle: bool = Fals
 # --- Qwen3-14B decode preparation -----------------------------------------------------------------
 
 QWEN_BATCH, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD = 16, 4096, 128, 8
+QWEN_WIDTH = -(-QWEN_MAX_SEQ_LEN // QWEN_PAGE_SIZE)
 
 
 def qwen_trace(steps: int, seed: int) -> Iterator[DecodeBatch]:
@@ -218,18 +241,16 @@ def qwen_trace(steps: int, seed: int) -> Iterator[DecodeBatch]:
 _QWEN_BUFFERS = ("token_ids", "seq_lens", "block_table", "slot_mapping")
 
 
-class _QwenReferenceStepper:
+class _QwenReferenceStepper(_FullRewrite):
     def __init__(self, prep: reference.QwenDecodeBuffers) -> None:
+        super().__init__(QWEN_BATCH, QWEN_BATCH * QWEN_WIDTH)
         self.prep = prep
 
-    def step(self, item: Any) -> None:
+    def _prepare(self, item: Any) -> None:
         self.prep.prepare(item)  # type: ignore[attr-defined]
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
         return {name: getattr(self.prep, name).numpy() for name in _QWEN_BUFFERS}
-
-    def written(self) -> tuple[int, int] | None:
-        return None
 
 
 class _QwenStepper:
@@ -249,10 +270,9 @@ class _QwenStepper:
 
 def _qwen_workload() -> Workload:
     args = (QWEN_BATCH, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD)
-    width = -(-QWEN_MAX_SEQ_LEN // QWEN_PAGE_SIZE)
     return Workload(
         "qwen3-14b",
-        f"Qwen3-14B decode prepare: B={QWEN_BATCH}, seq ~3338, page {QWEN_PAGE_SIZE}",
+        f"Qwen3-14B decode prepare: B={QWEN_BATCH}, seq ~3338, page {QWEN_PAGE_SIZE}, live lists",
         qwen_trace,
         {
             "pre-fix": lambda: _QwenReferenceStepper(reference.QwenDecodePrepBefore(*args)),
@@ -260,18 +280,26 @@ def _qwen_workload() -> Workload:
             "blockprep": _QwenStepper,
         },
         QWEN_BATCH,
-        QWEN_BATCH * width,
+        QWEN_BATCH * QWEN_WIDTH,
     )
 
 
 # --- DeepSeek V4 decode preparation ---------------------------------------------------------------
 
 DS_RANKS, DS_BATCH, DS_WARMUP = 8, 8, 100
+DS_SHAPE = f"{DS_RANKS} ranks x {DS_BATCH} rows, 56 tables"
+
+
+class DeepSeekStep(NamedTuple):
+    """One DeepSeek V4 step input: the batch and the buffer slot it is prepared into."""
+
+    batch: DecodeBatch
+    slot: int
 
 
 def deepseek_steady_sim(seed: int, **options: Any) -> DeepSeekV4SchedulerSim:
     """8 ranks x 8 requests, every rank full, prompts long enough that every ring is full and
-    rotating; a request that reaches its length is replaced. ``options``: more
+    rotating; a request leaves only at its target length and is replaced. ``options``: more
     :class:`DeepSeekV4SchedulerSim` arguments (``fresh_lists``, ...)."""
     return DeepSeekV4SchedulerSim(
         ranks=DS_RANKS,
@@ -288,72 +316,211 @@ DS_LAYOUT = DeepSeekV4Layout(
     ranks=DS_RANKS, decode_batch=DS_BATCH, num_blocks=deepseek_steady_sim(0).num_blocks
 )
 
+WIRE_POOL, WIRE_SLOTS, WIRE_CHURN, WIRE_PROMPTS = 4096, 2, 0.005, (1, 3000)
+WIRE_LAYOUT = DeepSeekV4Layout(
+    ranks=DS_RANKS,
+    decode_batch=DS_BATCH,
+    num_blocks={name: WIRE_POOL for name in DS_LAYOUT.num_blocks},
+)
 
-def deepseek_trace(steps: int, seed: int) -> Iterator[DecodeBatch]:
-    """``steps + 1`` consecutive batches after ``DS_WARMUP`` steps of the simulation."""
+
+def deepseek_wire_sim(seed: int) -> DeepSeekV4SchedulerSim:
+    """8 ranks x 8 requests, prompts of 1-3000 tokens, pools of 4096 pages per group and rank;
+    each request leaves with probability 0.5% a step (or at its target length) and is replaced in
+    the same rank in the same step, so every rank stays full."""
+    return DeepSeekV4SchedulerSim(
+        ranks=DS_RANKS,
+        decode_batch=DS_BATCH,
+        seed=seed,
+        num_blocks=dict(WIRE_LAYOUT.num_blocks),
+        join_probability=1.0,
+        leave_probability=WIRE_CHURN,
+        prompt_lengths=WIRE_PROMPTS,
+    )
+
+
+def deepseek_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
+    """``steps + 1`` consecutive batches of :func:`deepseek_steady_sim` after ``DS_WARMUP``
+    steps, on the scheduler's live lists, all into slot 0."""
     sim = deepseek_steady_sim(seed)
     for _ in range(DS_WARMUP):
         sim.step()
     for _ in range(steps + 1):
-        yield sim.step()
+        yield DeepSeekStep(sim.step(), 0)
 
 
-class _DeepSeekRebuildStepper:
-    def __init__(self, fix: bool) -> None:
-        self.fix = fix
-        self.out: dict[str, torch.Tensor] | None = None
+def deepseek_wire_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
+    """``steps + 1`` consecutive batches of :func:`deepseek_wire_sim` after ``DS_WARMUP`` steps,
+    each through a pickle round trip (new lists of new int objects, as upstream's msgpack queue
+    delivers them; made here, so never timed), step ``k`` into slot ``k % 2``."""
+    sim = deepseek_wire_sim(seed)
+    for _ in range(DS_WARMUP):
+        sim.step()
+    for index in range(steps + 1):
+        batch = pickle.loads(pickle.dumps(sim.step()))
+        yield DeepSeekStep(batch, index % WIRE_SLOTS)
 
-    def step(self, item: Any) -> None:
-        self.out = reference.deepseek_v4_decode_rebuild(
-            item,
-            ranks=DS_RANKS,
-            decode_batch=DS_BATCH,
-            decode_seq=1,
-            num_blocks=DS_LAYOUT.num_blocks,
-            fix=self.fix,
-            out=self.out,
+
+def _idle_batch(layout: DeepSeekV4Layout) -> DecodeBatch:
+    """One request on rank 0 holding page 0 of every group: a rebuild of it writes every cell."""
+    return DecodeBatch(
+        request_ids=["idle"],
+        token_ids=torch.tensor([0]),
+        seq_lens=torch.tensor([1]),
+        block_ids_by_group=[{group.name: [0] for group in layout.groups}],
+        cache_partitions=[0],
+    )
+
+
+def _deepseek_rebuild(
+    layout: DeepSeekV4Layout,
+    batch: DecodeBatch,
+    out: dict[str, torch.Tensor] | None,
+    *,
+    fix: bool,
+) -> dict[str, torch.Tensor]:
+    """``reference.deepseek_v4_decode_rebuild`` of ``batch`` for ``layout``."""
+    return reference.deepseek_v4_decode_rebuild(
+        batch,
+        ranks=layout.ranks,
+        decode_batch=layout.decode_batch,
+        decode_seq=layout.decode_seq,
+        num_blocks=layout.num_blocks,
+        fix=fix,
+        out=out,
+    )
+
+
+@functools.cache
+def _rebuild_template(layout: DeepSeekV4Layout) -> dict[str, torch.Tensor]:
+    """A slot's buffers for ``layout``, every cell written (never handed out: copy it)."""
+    return _deepseek_rebuild(layout, _idle_batch(layout), None, fix=True)
+
+
+class _DeepSeekRebuildStepper(_FullRewrite):
+    """Upstream's step: every table and input rebuilt into the slot's persistent buffers, which
+    are allocated and written at construction (as upstream allocates them at start-up), so a
+    cold step pays no allocation or first-touch page faults."""
+
+    def __init__(self, layout: DeepSeekV4Layout, slots: int, *, fix: bool) -> None:
+        super().__init__(
+            layout.ranks * layout.decode_batch * len(layout.groups), _table_cells(layout)
         )
+        self._layout = layout
+        self._fix = fix
+        template = _rebuild_template(layout)
+        self._out = [{name: t.clone() for name, t in template.items()} for _ in range(slots)]
+        self._slot = 0
+
+    def _prepare(self, item: DeepSeekStep) -> None:
+        _deepseek_rebuild(self._layout, item.batch, self._out[item.slot], fix=self._fix)
+        self._slot = item.slot
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
-        assert self.out is not None
-        return {name: self.out[name].numpy() for name in (*GROUP_NAMES, *INPUT_FIELDS)}
-
-    def written(self) -> tuple[int, int] | None:
-        return None
+        return {name: tensor.numpy() for name, tensor in self._out[self._slot].items()}
 
 
 class _DeepSeekStepper:
-    def __init__(self) -> None:
-        self.preparer = DeepSeekV4DecodePreparer(DS_LAYOUT, buffer_slots=1)
+    """``DeepSeekV4DecodePreparer.prepare`` into the step's slot; :meth:`buffers` are the views
+    of the slot last prepared."""
+
+    def __init__(self, layout: DeepSeekV4Layout, slots: int) -> None:
+        self.preparer = DeepSeekV4DecodePreparer(layout, buffer_slots=slots)
+        self.slots = slots
         self.inputs: DeepSeekV4DecodeInputs | None = None
 
-    def step(self, item: Any) -> None:
-        self.inputs = self.preparer.prepare(item)
+    def step(self, item: DeepSeekStep) -> None:
+        self.inputs = self.preparer.prepare(item.batch, buffer_slot=item.slot)
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
         assert self.inputs is not None
         return {name: tensor.numpy() for name, tensor in self.inputs.buffers().items()}
 
     def written(self) -> tuple[int, int] | None:
-        stats = self.preparer.table_stats(0).values()
-        return sum(s.misses for s in stats), sum(s.cells_written for s in stats)
+        """Rows and cells written into every slot, from the preparer's per-group table counters
+        (``misses``, ``cells_written``); ``None`` if it keeps no such counters."""
+        table_stats = getattr(self.preparer, "table_stats", None)
+        if table_stats is None:
+            return None
+        stats = [s for k in range(self.slots) for s in table_stats(k).values()]
+        try:
+            return sum(s.misses for s in stats), sum(s.cells_written for s in stats)
+        except AttributeError:
+            return None
 
 
-def _deepseek_workload(cold: bool) -> Workload:
-    shape = f"{DS_RANKS} ranks x {DS_BATCH} rows, 56 tables"
+def _table_cells(layout: DeepSeekV4Layout) -> int:
+    return layout.ranks * layout.decode_batch * sum(group.width for group in layout.groups)
+
+
+def _deepseek_workload(
+    name: str,
+    description: str,
+    trace: Callable[[int, int], Iterator[DeepSeekStep]],
+    layout: DeepSeekV4Layout,
+    slots: int,
+    *,
+    cold: bool,
+) -> Workload:
     return Workload(
-        "deepseek-v4-cold" if cold else "deepseek-v4-steady",
-        f"DeepSeek V4 {'first step of a fresh preparer' if cold else 'steady step'}: {shape}",
-        deepseek_trace,
+        name,
+        f"{description}: {DS_SHAPE}",
+        trace,
         {
-            "pre-fix": lambda: _DeepSeekRebuildStepper(fix=False),
-            "fix": lambda: _DeepSeekRebuildStepper(fix=True),
-            "blockprep": _DeepSeekStepper,
+            "pre-fix": lambda: _DeepSeekRebuildStepper(layout, slots, fix=False),
+            "fix": lambda: _DeepSeekRebuildStepper(layout, slots, fix=True),
+            "blockprep": lambda: _DeepSeekStepper(layout, slots),
         },
-        DS_RANKS * DS_BATCH * len(GROUP_NAMES),
-        DS_RANKS * DS_BATCH * sum(group.width for group in DS_LAYOUT.groups),
+        layout.ranks * layout.decode_batch * len(layout.groups),
+        _table_cells(layout),
         cold=cold,
     )
+
+
+WIRE_CONDITIONS = (
+    "pickle round trip (new lists of new ints), 2 slots in turn, 0.5% churn a request and step, "
+    "prompts 1-3000, pools 4096"
+)
+LIVE_CONDITIONS = "live lists (the scheduler's own objects), 1 slot, no churn, prompts 300-8000"
+
+
+def _deepseek_workloads() -> list[Workload]:
+    """The round-trip workloads first (what upstream's worker receives), then the live-list
+    ones."""
+    return [
+        _deepseek_workload(
+            "deepseek-v4-wire",
+            f"DeepSeek V4 steady step, {WIRE_CONDITIONS}",
+            deepseek_wire_trace,
+            WIRE_LAYOUT,
+            WIRE_SLOTS,
+            cold=False,
+        ),
+        _deepseek_workload(
+            "deepseek-v4-wire-cold",
+            f"DeepSeek V4 first step of a fresh preparer, {WIRE_CONDITIONS}",
+            deepseek_wire_trace,
+            WIRE_LAYOUT,
+            WIRE_SLOTS,
+            cold=True,
+        ),
+        _deepseek_workload(
+            "deepseek-v4-steady",
+            f"DeepSeek V4 steady step, {LIVE_CONDITIONS}",
+            deepseek_trace,
+            DS_LAYOUT,
+            1,
+            cold=False,
+        ),
+        _deepseek_workload(
+            "deepseek-v4-cold",
+            f"DeepSeek V4 first step of a fresh preparer, {LIVE_CONDITIONS}",
+            deepseek_trace,
+            DS_LAYOUT,
+            1,
+            cold=True,
+        ),
+    ]
 
 
 def _fixed(n: int) -> Callable[[random.Random], int]:
@@ -361,12 +528,12 @@ def _fixed(n: int) -> Callable[[random.Random], int]:
 
 
 def standard_workloads() -> dict[str, Workload]:
-    """Every standard workload by name, in the order the bench command runs them."""
+    """Every standard workload by name, in the order the bench command runs them: the DeepSeek V4
+    round-trip workloads (the batches upstream's worker really receives) lead."""
     mixed_ring: Callable[[random.Random], int] = lambda rng: rng.randint(1, 65)  # noqa: E731
     mixed_paged: Callable[[random.Random], int] = lambda rng: rng.randint(1, 30)  # noqa: E731
     workloads = [
-        _deepseek_workload(cold=False),
-        _deepseek_workload(cold=True),
+        *_deepseek_workloads(),
         _qwen_workload(),
         _block_table_workload(64, 4096, 65),
         _block_table_workload(64, 4096, 65, idle=True),
