@@ -34,7 +34,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import chain, compress, pairwise
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -54,17 +54,21 @@ place by place (a strided write per ring slot, a cell per paged id); otherwise w
 BLOCK_RENDER_MIN_ROWS = 3
 """A group with at least this many whole rows in a step validates and renders them in one block."""
 
+INTERNED_IDS = 1 << 16
+"""Ids below this are recorded as one shared int object per value: the state compared every step
+then sits in one compact table instead of in objects scattered over every batch ever received."""
+
 _INT = {int}
+_INTERNED = list(range(INTERNED_IDS))
 
 
 @dataclass(frozen=True)
 class TableGroup:
     """One KV cache group: its table layout and the ids its rows may hold.
 
-    ``kind``: ``"ring"`` (``ids[j % n]`` in every column; rows hold ``1..width`` ids) or
-    ``"paged"`` (the ids, then ``pad``; rows hold ``0..width`` ids). ``id_limit``: a request's ids
-    lie in ``[0, id_limit)`` (padding rows may hold other ids). ``pad``: the value after a paged
-    row's ids.
+    ``kind``: ``"ring"`` (``ids[j % n]`` in every column) or ``"paged"`` (the ids, then ``pad``).
+    A request's row holds ``min_ids..width`` ids (a ring at least one), each in ``[0, id_limit)``
+    (padding rows may hold other ids). ``pad``: the value after a paged row's ids.
     """
 
     name: str
@@ -72,6 +76,7 @@ class TableGroup:
     width: int
     id_limit: int = INT32_MAX + 1
     pad: int = 0
+    min_ids: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in ("ring", "paged"):
@@ -84,6 +89,15 @@ class TableGroup:
         if not 0 < limit <= INT32_MAX + 1:
             raise ValueError(f"group {self.name}: id_limit must be in [1, 2**31], got {limit}")
         check_pad(self.pad)
+        if not 0 <= as_int(self.min_ids, "min_ids") <= self.width:
+            raise ValueError(
+                f"group {self.name}: min_ids must be in [0, width], got {self.min_ids}"
+            )
+
+    @property
+    def shortest(self) -> int:
+        """The fewest ids a request's row may hold."""
+        return max(self.min_ids, 1 if self.kind == "ring" else 0)
 
 
 class BlockIdTypeError(TypeError):
@@ -131,6 +145,7 @@ class GroupedStep:
     :meth:`GroupedTables.commit`, before planning the next one."""
 
     latest: tuple[list[list[int] | None], ...]
+    hints: tuple[list[int], ...]  # per group and row: the ring slot likely to change next
     keys: list[Hashable | None]
     counts: npt.NDArray[np.int32]
     writes: tuple[_GroupWrites | None, ...]  # per group, None when nothing changed
@@ -193,6 +208,7 @@ class GroupedTables:
         self._slots = [_SlotState(groups, num_rows, share_memory) for _ in range(slots)]
         self._latest: tuple[list[list[int] | None], ...] = tuple([None] * num_rows for _ in groups)
         self._keys: list[Hashable | None] = [None] * num_rows
+        self._hints: tuple[list[int], ...] = tuple([0] * num_rows for _ in groups)
         self._counts = np.zeros((num_rows, len(groups)), dtype=np.int32)
         self._version = 0
 
@@ -243,6 +259,7 @@ class GroupedTables:
         """Forget every row's ids and keys: the next step writes every row, into every slot."""
         self._latest = tuple([None] * self._num_rows for _ in self._groups)
         self._keys = [None] * self._num_rows
+        self._hints = tuple([0] * self._num_rows for _ in self._groups)
         self._counts = np.zeros_like(self._counts)
         self._version += 1
         for state in self._slots:
@@ -291,6 +308,7 @@ class GroupedTables:
         counts = self._counts
         new_counts: npt.NDArray[np.int32] | None = None
         latest_out: list[list[list[int] | None]] = []
+        hints_out: list[list[int]] = []
         writes_out: list[_GroupWrites | None] = []
         for gi, group in enumerate(self._groups):
             column = rows[gi]
@@ -309,18 +327,11 @@ class GroupedTables:
                 changed = sorted(set(changed).union(fresh))
             if not changed:
                 latest_out.append(latest)
+                hints_out.append(self._hints[gi])
                 writes_out.append(None)
                 continue
-            planner = _GroupPlanner(group, latest, place)
-            for row in changed:
-                ids = column[row]
-                if keys[row] is None:
-                    planner.padding(row, ids)
-                elif row in bases:
-                    src = bases[row]
-                    planner.occupant(row, ids, src, None if src is None else latest[src])
-                else:
-                    planner.occupant(row, ids, None, latest[row])
+            planner = _GroupPlanner(group, latest, self._hints[gi], place)
+            planner.rows(changed, column, keys, bases)
             writes, new_latest, lengths = planner.finish()
             for row, n in lengths:
                 if counts[row, gi] != n:
@@ -328,9 +339,11 @@ class GroupedTables:
                         new_counts = counts.copy()
                     new_counts[row, gi] = n
             latest_out.append(new_latest)
+            hints_out.append(planner.hints)
             writes_out.append(writes)
         return GroupedStep(
             latest=tuple(latest_out),
+            hints=tuple(hints_out),
             keys=keys,
             counts=counts if new_counts is None else new_counts,
             writes=tuple(writes_out),
@@ -363,6 +376,7 @@ class GroupedTables:
                 else:
                     other.backlog.append(step)
         self._latest = step.latest
+        self._hints = step.hints
         self._keys = step.keys
         self._counts = step.counts
         self._version += 1
@@ -396,7 +410,8 @@ class GroupedTables:
             if unknown:
                 table[unknown] = group.pad if group.kind == "paged" else 0
             if known:
-                table[known] = _render(group, lists, _flat_ids(lists))
+                order, block = _render(group, lists, _flat_ids(lists))
+                table[np.array(known, dtype=np.intp)[order]] = block
             counters = state.stats[gi]
             counters[1] += self._num_rows
             counters[2] += self._num_rows * group.width
@@ -406,29 +421,88 @@ class _GroupPlanner:
     """Decides one group's writes for one step (see :meth:`GroupedTables.plan`)."""
 
     def __init__(
-        self, group: TableGroup, latest: list[list[int] | None], place: Callable[[int], str]
+        self,
+        group: TableGroup,
+        latest: list[list[int] | None],
+        hints: list[int],
+        place: Callable[[int], str],
     ) -> None:
         self.group = group
         self.latest = latest
         self.new_latest = latest[:]
+        self.old_hints = hints
+        self.hints = hints[:]
         self.place = place
         self.writes = _GroupWrites([], [], [], [], [], 0, 0)
         self.whole_rows: list[int] = []
-        self.whole_ids: list[list[int]] = []
+        self.whole_ids: list[list[Any]] = []
+        self.whole_bases: list[list[int] | None] = []
         self.padding_rows: set[int] = set()
         self.lengths: list[tuple[int, int]] = []
         self.rows_written = 0
         self.cell_count = 0
 
+    def rows(
+        self,
+        changed: list[int],
+        column: Sequence[Any],
+        keys: list[Hashable | None],
+        bases: dict[int, int | None],
+    ) -> None:
+        """Decide every changed row. Inline, the common case of a steady step: a request's row
+        whose ids differ from what it holds only at its hinted position (the ring slot after the
+        one that rotated last), by a plain int in range not in the row."""
+        latest, new_latest, hints, cells = (
+            self.latest,
+            self.new_latest,
+            self.hints,
+            self.writes.cells,
+        )
+        group = self.group
+        limit, width, ring = group.id_limit, group.width, group.kind == "ring"
+        written = cell_count = 0
+        for row in changed:
+            ids = column[row]
+            if keys[row] is None:
+                self.padding(row, ids)
+                continue
+            if row in bases:
+                src = bases[row]
+                self.occupant(row, ids, src, None if src is None else latest[src])
+                continue
+            base = latest[row]
+            if base is not None and len(ids) == len(base) > (p := hints[row]):
+                x = ids[p]
+                if type(x) is int:
+                    new = base[:]
+                    new[p] = _INTERNED[x] if x < INTERNED_IDS else x
+                    if ids == new and 0 <= x < limit and x not in base:
+                        n = len(new)
+                        new_latest[row] = new
+                        hints[row] = p + 1 if p + 1 < n else 0
+                        written += 1
+                        if ring:
+                            cells.append(((row, slice(p, width, n)), x))
+                            cell_count += (width - 1 - p) // n + 1
+                        else:
+                            cells.append(((row, p), x))
+                            cell_count += 1
+                        continue
+            self.occupant(row, ids, None, base)
+        self.rows_written += written
+        self.cell_count += cell_count
+
     def padding(self, row: int, ids: list[int]) -> None:
         """A padding row: its ids are the caller's own, written as they are."""
         self.padding_rows.add(row)
-        self._whole(row, ids)
+        self._whole(row, ids, None)
 
     def occupant(self, row: int, ids: list[Any], src: int | None, base: list[int] | None) -> None:
         """A request's row; ``base``: the ids its request held (at row ``src`` when it moved),
         ``None`` for a request new to the tables."""
         group = self.group
+        if src is not None:
+            self.hints[row] = self.old_hints[src]
         if src is not None and base is not None and ids == base:
             self.writes.copy_dst.append(row)
             self.writes.copy_src.append(src)
@@ -443,34 +517,41 @@ class _GroupPlanner:
                 if len(positions) <= max(SMALL_CHANGE, n // 4):
                     self._patch(row, ids, src, base, positions)
                     return
-            elif group.kind == "paged" and 0 < m < n <= group.width and ids[:m] == base:
+            elif 0 < m < n <= group.width and ids[:m] == base:
                 self._append(row, ids, src, base)
                 return
-            elif group.kind == "paged" and n < m and ids == base[:n]:
+            elif group.kind == "paged" and group.shortest <= n < m and ids == base[:n]:
                 self._move(row, src)
                 self.new_latest[row] = base[:n]
                 self.lengths.append((row, n))
                 self._cells((row, slice(n, m)), group.pad, m - n)
                 return
-        self._whole(row, self._held_ints(row, ids, base))
+        self._whole(row, ids, base)
 
     def finish(
         self,
     ) -> tuple[_GroupWrites, list[list[int] | None], list[tuple[int, int]]]:
         """The group's writes, its rows' ids after the step, and ``(row, length)`` of every row
         whose length may have changed."""
-        whole_rows, whole_ids = self.whole_rows, self.whole_ids
+        whole_rows = self.whole_rows
         if len(whole_rows) >= BLOCK_RENDER_MIN_ROWS:
-            flat = _flat_ids(whole_ids)
+            whole_ids, flat = self._block_ids()
             self._check_block(whole_rows, whole_ids, flat)
-            index = np.array(whole_rows, dtype=np.intp)
-            self.writes.blocks.append((index, _render(self.group, whole_ids, flat)))
+            order, block = _render(self.group, whole_ids, flat)
+            self.writes.blocks.append((np.array(whole_rows, dtype=np.intp)[order], block))
         else:
+            whole_ids = self._row_ids()
             for row, ids in zip(whole_rows, whole_ids, strict=True):
                 self._check_row(row, ids)
                 self._write_row(row, ids)
+            if self.group.id_limit <= INTERNED_IDS:
+                whole_ids = [
+                    ids if row in self.padding_rows else list(map(_INTERNED.__getitem__, ids))
+                    for row, ids in zip(whole_rows, whole_ids, strict=True)
+                ]
         for row, ids in zip(whole_rows, whole_ids, strict=True):
             self.new_latest[row] = ids
+            self.hints[row] = 0
             self.lengths.append((row, len(ids)))
         count = len(whole_rows)
         writes = self.writes._replace(
@@ -487,7 +568,7 @@ class _GroupPlanner:
         group = self.group
         new = base[:]
         for p in positions:
-            new[p] = self._new_id(row, ids[p])
+            new[p] = _interned(self._new_id(row, ids[p]))
         if len(positions) == 1:
             if ids.count(new[positions[0]]) != 1:
                 self._repeat(row, new[positions[0]])
@@ -496,6 +577,7 @@ class _GroupPlanner:
         self._move(row, src)
         self.new_latest[row] = new
         n, width = len(new), group.width
+        self.hints[row] = (positions[-1] + 1) % n if positions else 0
         for p in positions:
             if group.kind == "ring":
                 self._cells((row, slice(p, width, n)), new[p], len(range(p, width, n)))
@@ -504,15 +586,20 @@ class _GroupPlanner:
         self.lengths.append((row, n))
 
     def _append(self, row: int, ids: list[Any], src: int | None, base: list[int]) -> None:
-        """A paged row grown at its end: check and write the new ids."""
+        """A row grown at its end: check the new ids; write them (paged) or re-tile (ring)."""
         m = len(base)
-        tail = [self._new_id(row, x) for x in ids[m:]]
+        tail = [_interned(self._new_id(row, x)) for x in ids[m:]]
         new = base + tail
-        if len(set(new)) != len(new):
+        if (tail[0] in base) if len(tail) == 1 else (len(set(new)) != len(new)):
             self._repeat(row, _first_repeat(new))
-        self._move(row, src)
         self.new_latest[row] = new
         self.lengths.append((row, len(new)))
+        if self.group.kind == "ring":  # every column j % n moves: tile the row whole
+            self.hints[row] = 0
+            self.writes.rings.append((row, np.array(new, dtype=np.int32)))
+            self._count(self.group.width)
+            return
+        self._move(row, src)
         value = tail[0] if len(tail) == 1 else np.array(tail, dtype=np.int32)
         self._cells((row, slice(m, len(new))), value, len(tail))
 
@@ -523,9 +610,44 @@ class _GroupPlanner:
             self.writes.copy_src.append(src)
             self._count(self.group.width)
 
-    def _whole(self, row: int, ids: list[int]) -> None:
+    def _whole(self, row: int, ids: list[Any], base: list[int] | None) -> None:
+        """A row written whole: checked in :meth:`finish`, with the other whole rows."""
         self.whole_rows.append(row)
         self.whole_ids.append(ids)
+        self.whole_bases.append(base)
+
+    def _row_ids(self) -> list[list[int]]:
+        """The whole rows' ids as plain ints, row by row (padding rows as they are)."""
+        padding = self.padding_rows
+        return [
+            ids if row in padding else self._held_ints(row, ids, base)
+            for row, ids, base in zip(
+                self.whole_rows, self.whole_ids, self.whole_bases, strict=True
+            )
+        ]
+
+    def _block_ids(self) -> tuple[list[list[int]], npt.NDArray[np.int64]]:
+        """The whole rows' ids as plain ints and as one flat int64 array, in one NumPy conversion
+        when every id is an integer (NumPy's dtype says so; a bool can hide only in a row that
+        holds a 0 or a 1, which is looked at); row by row otherwise."""
+        raw = self.whole_ids
+        lengths = list(map(len, raw))
+        flat_ids = list(chain.from_iterable(raw))
+        try:
+            array = np.array(flat_ids) if flat_ids else np.empty(0, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            array = np.empty(0, dtype=object)
+        if array.dtype.kind != "i" or _may_hide_bools(raw, lengths, array):
+            lists = self._row_ids()
+            return lists, _flat_ids(lists)
+        values = array.tolist()  # plain ints, NumPy integers converted
+        lists = []
+        start = 0
+        padding = self.padding_rows
+        for row, ids, n in zip(self.whole_rows, raw, lengths, strict=True):
+            lists.append(ids if row in padding else values[start : start + n])
+            start += n
+        return lists, array.astype(np.int64, copy=False)
 
     def _held_ints(self, row: int, ids: list[Any], base: list[int] | None) -> list[int]:
         """``ids`` with every id equal to the held id at its position taken as the held int; any
@@ -581,8 +703,8 @@ class _GroupPlanner:
         checked = ~trusted
         bad = False
         if lengths[checked].size:
-            shortest = 1 if group.kind == "ring" else 0
-            bad = bool(lengths[checked].min() < shortest or lengths[checked].max() > group.width)
+            low, high = lengths[checked].min(), lengths[checked].max()
+            bad = bool(low < group.shortest or high > group.width)
         if not bad and flat.size:
             owner = np.repeat(np.arange(len(lists)), lengths)
             values = flat[~trusted[owner]]
@@ -597,12 +719,13 @@ class _GroupPlanner:
 
     def _check_length(self, row: int, n: int) -> None:
         group = self.group
-        if group.kind == "ring" and n == 0:
+        if n < group.shortest:
             raise BlockIdValueError(
-                f"ring block-table row has no ids ({self.place(row)}, group {group.name})",
+                f"row has {n} blocks, minimum is {group.shortest} "
+                f"({self.place(row)}, group {group.name})",
                 row,
                 group.name,
-                [],
+                n,
             )
         if n > group.width:
             raise BlockIdValueError(
@@ -692,6 +815,11 @@ def _incomparable(
     return BlockIdTypeError(f"group {group.name}: block IDs must be integers", -1, group.name, None)
 
 
+def _interned(x: int) -> int:
+    """The shared object for id ``x`` (``x`` itself above :data:`INTERNED_IDS`)."""
+    return _INTERNED[x] if 0 <= x < INTERNED_IDS else x
+
+
 def _first_repeat(ids: list[int]) -> int:
     seen = set()
     for x in ids:
@@ -734,27 +862,39 @@ def _flat_ids(lists: list[list[int]]) -> npt.NDArray[np.int64]:
     return np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=total)
 
 
+def _may_hide_bools(
+    rows: list[list[Any]], lengths: list[int], array: npt.NDArray[np.int64]
+) -> bool:
+    """Whether a row that NumPy read as integers may hold a bool (or another non-int that NumPy
+    took for an integer): only rows holding a 0 or a 1 can, and only those are looked at."""
+    if not array.size or int(array.min()) > 1:
+        return False
+    owner = np.repeat(np.arange(len(rows)), lengths)
+    suspects = np.unique(owner[array <= 1]).tolist()
+    return any(not set(map(type, rows[i])) <= _INT for i in suspects)
+
+
 def _render(
     group: TableGroup, lists: list[list[int]], flat: npt.NDArray[np.int64]
-) -> npt.NDArray[np.int32]:
-    """The ``[len(lists), width]`` int32 rows of ``lists`` (ids already checked)."""
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]:
+    """The int32 ``[len(lists), width]`` rows of ``lists`` (ids already checked), and the order
+    they come in: ``block[i]`` renders ``lists[order[i]]``. Ring rows are grouped by length, so
+    each length is one tiling into a contiguous block of rows."""
     width = group.width
     count = len(lists)
     lengths = np.fromiter(map(len, lists), dtype=np.int64, count=count)
     if group.kind == "paged":
         block = np.full((count, width), group.pad, dtype=np.int32)
         block[np.arange(width) < lengths[:, None]] = flat
-        return block
+        return np.arange(count), block
     block = np.empty((count, width), dtype=np.int32)
     starts = np.zeros(count, dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    for n in np.unique(lengths).tolist():
-        members = np.flatnonzero(lengths == n)
-        ids = flat[starts[members, None] + np.arange(n)].astype(np.int32)
-        if members.size == count:
-            tile_rows(block, ids)
-        else:
-            part = np.empty((members.size, width), dtype=np.int32)
-            tile_rows(part, ids)
-            block[members] = part
-    return block
+    order = np.argsort(lengths, kind="stable")
+    ordered = lengths[order]
+    bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), count]
+    for a, b in pairwise(bounds):
+        n = int(ordered[a])
+        ids = flat[starts[order[a:b], None] + np.arange(n)].astype(np.int32)
+        tile_rows(block[a:b], ids)
+    return order, block

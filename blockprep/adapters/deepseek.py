@@ -28,6 +28,7 @@ import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import replace as _replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -340,6 +341,7 @@ class _Assignment:
     occupants: list[str | None]  # per table row: request id, None for a padding row
     source: npt.NDArray[np.intp]  # per table row: the request its dynamic inputs replicate
     request_rows: npt.NDArray[np.intp]  # per request: its table row
+    in_order: bool  # request q sits in table row q, and no row is padding
 
 
 class _DynamicInputs:
@@ -451,7 +453,9 @@ class DeepSeekV4DecodePreparer:
         self.embedding: Embedding = embedding
         self.hidden_size = hidden_size
         R, b = layout.ranks, layout.decode_batch
-        groups = [TableGroup(g.name, g.kind, g.width, g.num_blocks) for g in layout.groups]
+        groups = [
+            TableGroup(g.name, g.kind, g.width, g.num_blocks, min_ids=1) for g in layout.groups
+        ]
         self._tables = GroupedTables(groups, R * b, slots=buffer_slots, share_memory=share_memory)
         self._dynamic = [
             _DynamicInputs(layout, hidden_size, share_memory) for _ in range(buffer_slots)
@@ -463,7 +467,7 @@ class DeepSeekV4DecodePreparer:
             )
             for s in range(buffer_slots)
         ]
-        self._getters = [operator.itemgetter(name) for name in GROUP_NAMES]
+        self._group_ids = operator.itemgetter(*GROUP_NAMES)
         # Scratch rows: [num_blocks + k] for the k-th padding row of a rank; never mutated.
         self._scratch = [[[g.num_blocks + k] for k in range(b)] for g in layout.groups]
         self._assignment: _Assignment | None = None
@@ -657,21 +661,22 @@ class DeepSeekV4DecodePreparer:
     def _plan_tables(self, batch: DecodeBatch, assignment: _Assignment) -> Any:
         """Every group's rows in table order (requests by assignment, scratch pages on padding
         rows), planned by the grouped tables; on any error, upstream's first error wins."""
-        dicts = batch.block_ids_by_group
         perm = assignment.perm
-        rows = []
         try:
-            for gi, getter in enumerate(self._getters):
-                column = list(map(getter, dicts))
-                if not all(map(len, column)):
-                    raise ValueError("missing grouped KV blocks")
-                extended = column + self._scratch[gi]
-                rows.append(list(map(extended.__getitem__, perm)))
-            return self._tables.plan(rows, assignment.occupants, lambda r: f"decode row {perm[r]}")
+            columns: list[Sequence[Any]]
+            columns = list(zip(*map(self._group_ids, batch.block_ids_by_group), strict=True))
+            if not assignment.in_order:
+                columns = [
+                    list(map((*column, *scratch).__getitem__, perm))
+                    for column, scratch in zip(columns, self._scratch, strict=True)
+                ]
+            return self._tables.plan(
+                columns, assignment.occupants, lambda r: f"decode row {perm[r]}"
+            )
         except (BlockIdTypeError, BlockIdValueError) as error:
             _raise_first(self._full_check_error(batch, assignment))
             raise error from None
-        except (KeyError, TypeError, ValueError):  # not a mapping, a group missing or empty
+        except (KeyError, TypeError):  # a row that is no mapping, a group missing
             _raise_first(self._full_check_error(batch, assignment))
             raise
 
@@ -679,12 +684,16 @@ class DeepSeekV4DecodePreparer:
         """Rank and local row of every request (seed-semantics 6.1); cached per batch layout."""
         request_ids, partitions = batch.request_ids, batch.cache_partitions
         cached = self._assignment
-        if (
-            cached is not None
-            and request_ids == cached.request_ids
-            and partitions == cached.partitions
-        ):
-            return cached
+        if cached is not None and partitions == cached.partitions:
+            if request_ids == cached.request_ids:
+                return cached
+            if len(request_ids) == len(partitions):  # the same places, other requests
+                A = len(request_ids)
+                now = [request_ids[q] if q < A else None for q in cached.perm]
+                self._assignment = cached = _replace(
+                    cached, request_ids=list(request_ids), occupants=now
+                )
+                return cached
         A = len(request_ids)
         if A <= 0:
             raise ValueError("DeepSeekV4 decode batch must not be empty")
@@ -705,16 +714,15 @@ class DeepSeekV4DecodePreparer:
             counts[rank] += 1
         perm = [A + local - counts[rank] for rank in range(R) for local in range(b)]
         occupants: list[str | None] = [None] * (R * b)
-        source = np.zeros(R * b, dtype=np.intp)
-        request_rows = np.empty(A, dtype=np.intp)
-        for q, (rank, local) in enumerate(zip(ranks, local_rows, strict=True)):
-            row = rank * b + local
+        firsts = [0] * R  # each rank's first request (request 0 for an empty rank)
+        for q in range(A - 1, -1, -1):
+            firsts[ranks[q]] = q
+        source = [q for q in firsts for _ in range(b)]
+        rows = [rank * b + local for rank, local in zip(ranks, local_rows, strict=True)]
+        for q, row in enumerate(rows):
             perm[row] = q
             occupants[row] = request_ids[q]
-            request_rows[q] = row
-            if local == 0:
-                source[rank * b : (rank + 1) * b] = q
-        source[request_rows] = np.arange(A)
+            source[row] = q
         assignment = _Assignment(
             list(request_ids),
             list(partitions),
@@ -723,8 +731,9 @@ class DeepSeekV4DecodePreparer:
             tuple(counts),
             perm,
             occupants,
-            source,
-            request_rows,
+            np.array(source, dtype=np.intp),
+            np.array(rows, dtype=np.intp),
+            perm == list(range(R * b)),
         )
         self._assignment = assignment
         return assignment
