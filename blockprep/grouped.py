@@ -44,7 +44,7 @@ import torch
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import host_tensor
 from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype
-from blockprep.tiling import tile_row, tile_rows
+from blockprep.tiling import tile_rows
 
 MAX_REPLAY_STEPS = 8
 """A slot more steps behind than this is re-rendered from the latest ids at its next commit."""
@@ -122,18 +122,26 @@ def default_place(row: int) -> str:
     return f"row {row}"
 
 
+class _Tiling(NamedTuple):
+    """Ring rows written whole: row ``rows[i]`` (or ``rows + i`` for an int) gets ``ids[i]``
+    tiled, ``ids`` int32 ``[k, n]``."""
+
+    rows: npt.NDArray[np.intp] | int
+    ids: npt.NDArray[np.int32]
+
+
 class _GroupWrites(NamedTuple):
     """One group's writes of one step, in the order they apply.
 
     ``copy_dst``/``copy_src``: rows copied (from the content before the step); ``blocks``: rows
-    written whole from a rendered ``[k, width]`` block; ``rings``: ``(row, one row's int32 ids)``
-    tiled whole; ``cells``: ``((row, slice), value)`` plain assignments. ``rows``: rows written,
+    written whole from a rendered ``[k, width]`` block; ``tilings``: ring rows tiled whole;
+    ``cells``: ``((row, slice), value)`` plain assignments. ``rows``: rows written,
     ``cell_count``: cells written."""
 
     copy_dst: list[int]
     copy_src: list[int]
     blocks: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]]
-    rings: list[tuple[int, npt.NDArray[np.int32]]]
+    tilings: list[_Tiling]
     cells: list[tuple[tuple[int, slice | int], Any]]
     rows: int
     cell_count: int
@@ -211,6 +219,8 @@ class GroupedTables:
         self._hints: tuple[list[int], ...] = tuple([0] * num_rows for _ in groups)
         self._counts = np.zeros((num_rows, len(groups)), dtype=np.int32)
         self._version = 0
+        ring_cells = [num_rows * g.width for g in groups if g.kind == "ring"]
+        self._scratch = np.full(max(ring_cells, default=0), 0, dtype=np.int32)
 
     @property
     def groups(self) -> tuple[TableGroup, ...]:
@@ -333,11 +343,12 @@ class GroupedTables:
             planner = _GroupPlanner(group, latest, self._hints[gi], place)
             planner.rows(changed, column, keys, bases)
             writes, new_latest, lengths = planner.finish()
-            for row, n in lengths:
-                if counts[row, gi] != n:
+            if lengths:
+                index, values = np.array(lengths, dtype=np.intp).T
+                if (counts[index, gi] != values).any():
                     if new_counts is None:
                         new_counts = counts.copy()
-                    new_counts[row, gi] = n
+                    new_counts[index, gi] = values
             latest_out.append(new_latest)
             hints_out.append(planner.hints)
             writes_out.append(writes)
@@ -392,14 +403,26 @@ class GroupedTables:
                 table[writes.copy_dst] = table[writes.copy_src]
             for index, block in writes.blocks:
                 table[index] = block
-            for row, ids in writes.rings:
-                tile_row(table[row], ids)
+            for tiling in writes.tilings:
+                self._tile(table, tiling)
             for key, value in writes.cells:
                 table[key] = value
             counters = state.stats[gi]
             counters[0] += max(rows - writes.rows, 0)
             counters[1] += writes.rows
             counters[2] += writes.cell_count
+
+    def _tile(self, table: npt.NDArray[np.int32], tiling: _Tiling) -> None:
+        """Tile ``tiling`` into ``table``: in place for a run of rows, else through the scratch
+        block (allocated and touched once, at construction)."""
+        rows, ids = tiling
+        count, width = ids.shape[0], table.shape[1]
+        if isinstance(rows, int):
+            tile_rows(table[rows : rows + count], ids)
+        else:
+            part = self._scratch[: count * width].reshape(count, width)
+            tile_rows(part, ids)
+            table[rows] = part
 
     def _render_all(self, state: _SlotState, latest: tuple[list[list[int] | None], ...]) -> None:
         for gi, group in enumerate(self._groups):
@@ -410,8 +433,12 @@ class GroupedTables:
             if unknown:
                 table[unknown] = group.pad if group.kind == "paged" else 0
             if known:
-                order, block = _render(group, lists, _flat_ids(lists))
-                table[np.array(known, dtype=np.intp)[order]] = block
+                lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+                rendered = _render(group, known, lists, lengths, _flat_ids(lists), None)
+                for index, block in rendered.blocks:
+                    table[index] = block
+                for tiling in rendered.tilings:
+                    self._tile(table, tiling)
             counters = state.stats[gi]
             counters[1] += self._num_rows
             counters[2] += self._num_rows * group.width
@@ -468,7 +495,10 @@ class _GroupPlanner:
                 continue
             if row in bases:
                 src = bases[row]
-                self.occupant(row, ids, src, None if src is None else latest[src])
+                if src is None:  # a request new to the tables
+                    self._whole(row, ids, None)
+                else:
+                    self.occupant(row, ids, src, latest[src])
                 continue
             base = latest[row]
             if base is not None and len(ids) == len(base) > (p := hints[row]):
@@ -536,9 +566,9 @@ class _GroupPlanner:
         whole_rows = self.whole_rows
         if len(whole_rows) >= BLOCK_RENDER_MIN_ROWS:
             whole_ids, flat = self._block_ids()
-            self._check_block(whole_rows, whole_ids, flat)
-            order, block = _render(self.group, whole_ids, flat)
-            self.writes.blocks.append((np.array(whole_rows, dtype=np.intp)[order], block))
+            rendered = self._check_block(whole_rows, whole_ids, flat)
+            self.writes.blocks.extend(rendered.blocks)
+            self.writes.tilings.extend(rendered.tilings)
         else:
             whole_ids = self._row_ids()
             for row, ids in zip(whole_rows, whole_ids, strict=True):
@@ -596,7 +626,7 @@ class _GroupPlanner:
         self.lengths.append((row, len(new)))
         if self.group.kind == "ring":  # every column j % n moves: tile the row whole
             self.hints[row] = 0
-            self.writes.rings.append((row, np.array(new, dtype=np.int32)))
+            self.writes.tilings.append(_Tiling(row, np.array([new], dtype=np.int32)))
             self._count(self.group.width)
             return
         self._move(row, src)
@@ -693,29 +723,30 @@ class _GroupPlanner:
 
     def _check_block(
         self, rows: list[int], lists: list[list[int]], flat: npt.NDArray[np.int64]
-    ) -> None:
-        """The checks of :meth:`_check_row` for many rows at once; on a failure, the row by row
-        check names the first bad row."""
+    ) -> _Rendered:
+        """Check many whole rows at once (lengths, range, repeats) and render them (see
+        :func:`_render`); on a failure, the row by row check names the first bad row."""
         group = self.group
-        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        count = len(lists)
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=count)
         padding = self.padding_rows
-        trusted = np.fromiter(map(padding.__contains__, rows), dtype=bool, count=len(rows))
-        checked = ~trusted
+        checked = np.fromiter((row not in padding for row in rows), dtype=bool, count=count)
         bad = False
-        if lengths[checked].size:
-            low, high = lengths[checked].min(), lengths[checked].max()
+        if padding.isdisjoint(rows):
+            mine_lengths, values = lengths, flat
+        else:
+            mine_lengths, values = lengths[checked], flat[np.repeat(checked, lengths)]
+        if mine_lengths.size:
+            low, high = mine_lengths.min(), mine_lengths.max()
             bad = bool(low < group.shortest or high > group.width)
-        if not bad and flat.size:
-            owner = np.repeat(np.arange(len(lists)), lengths)
-            values = flat[~trusted[owner]]
-            if values.size:
+            if not bad and values.size:
                 bad = bool(values.min() < 0 or values.max() >= group.id_limit)
-                if not bad:
-                    keyed = np.sort(owner[~trusted[owner]] * (INT32_MAX + 1) + values)
-                    bad = bool((keyed[1:] == keyed[:-1]).any())
-        if bad:
+        rendered = None if bad else _render(group, rows, lists, lengths, flat, checked)
+        if rendered is None or rendered.repeats:
             for row, ids in zip(rows, lists, strict=True):
                 self._check_row(row, ids)
+            raise AssertionError("the block check and the row check disagree")
+        return rendered
 
     def _check_length(self, row: int, n: int) -> None:
         group = self.group
@@ -771,7 +802,7 @@ class _GroupPlanner:
         group = self.group
         array = np.array(ids, dtype=np.int32)
         if group.kind == "ring":
-            self.writes.rings.append((row, array))
+            self.writes.tilings.append(_Tiling(row, array[None, :]))
         else:
             n = len(ids)
             if n:
@@ -869,32 +900,65 @@ def _may_hide_bools(
     took for an integer): only rows holding a 0 or a 1 can, and only those are looked at."""
     if not array.size or int(array.min()) > 1:
         return False
-    owner = np.repeat(np.arange(len(rows)), lengths)
-    suspects = np.unique(owner[array <= 1]).tolist()
-    return any(not set(map(type, rows[i])) <= _INT for i in suspects)
+    ends = np.cumsum(lengths)
+    suspects = np.searchsorted(ends, np.flatnonzero(array <= 1), side="right")
+    return any(not set(map(type, rows[i])) <= _INT for i in set(suspects.tolist()))
+
+
+class _Rendered(NamedTuple):
+    """Whole rows rendered: paged ``blocks``, ring ``tilings``, and whether a checked row
+    repeats an id."""
+
+    blocks: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]]
+    tilings: list[_Tiling]
+    repeats: bool
 
 
 def _render(
-    group: TableGroup, lists: list[list[int]], flat: npt.NDArray[np.int64]
-) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]:
-    """The int32 ``[len(lists), width]`` rows of ``lists`` (ids already checked), and the order
-    they come in: ``block[i]`` renders ``lists[order[i]]``. Ring rows are grouped by length, so
-    each length is one tiling into a contiguous block of rows."""
-    width = group.width
+    group: TableGroup,
+    rows: list[int],
+    lists: list[list[int]],
+    lengths: npt.NDArray[np.int64],
+    flat: npt.NDArray[np.int64],
+    checked: npt.NDArray[np.bool_] | None,
+) -> _Rendered:
+    """Table rows ``rows`` holding ``lists`` (``flat``: their ids, row after row), and whether a
+    row of ``checked`` repeats an id. A paged group renders one ``[k, width]`` block; a ring group
+    one tiling per length, in place where those rows form a run."""
     count = len(lists)
-    lengths = np.fromiter(map(len, lists), dtype=np.int64, count=count)
+    index = np.array(rows, dtype=np.intp)
     if group.kind == "paged":
-        block = np.full((count, width), group.pad, dtype=np.int32)
-        block[np.arange(width) < lengths[:, None]] = flat
-        return np.arange(count), block
-    block = np.empty((count, width), dtype=np.int32)
+        block = np.full((count, group.width), group.pad, dtype=np.int32)
+        block[np.arange(group.width) < lengths[:, None]] = flat
+        repeats = False
+        if checked is not None:
+            owner = np.repeat(np.arange(count), lengths)
+            mine = checked[owner]
+            keyed = np.sort(owner[mine] * (INT32_MAX + 1) + flat[mine])
+            repeats = bool((keyed[1:] == keyed[:-1]).any())
+        return _Rendered([(index, block)], [], repeats)
     starts = np.zeros(count, dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     order = np.argsort(lengths, kind="stable")
     ordered = lengths[order]
     bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), count]
+    tilings = []
+    repeats = False
     for a, b in pairwise(bounds):
         n = int(ordered[a])
-        ids = flat[starts[order[a:b], None] + np.arange(n)].astype(np.int32)
-        tile_rows(block[a:b], ids)
-    return order, block
+        if b - a == 1:  # a length of its own: no index arrays
+            i = int(order[a])
+            start = int(starts[i])
+            if checked is not None and checked[i] and not repeats:
+                repeats = len(set(lists[i])) != n
+            tilings.append(_Tiling(rows[i], flat[None, start : start + n].astype(np.int32)))
+            continue
+        members = order[a:b]
+        ids = flat[starts[members, None] + np.arange(n)]
+        if checked is not None and n > 1 and not repeats:
+            ranked = np.sort(ids[checked[members]], axis=1)
+            repeats = bool((ranked[:, 1:] == ranked[:, :-1]).any())
+        targets = index[members]
+        run = int(targets[0]) if (np.diff(targets) == 1).all() else None
+        tilings.append(_Tiling(targets if run is None else run, ids.astype(np.int32)))
+    return _Rendered([], tilings, repeats)

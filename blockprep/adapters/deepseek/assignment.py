@@ -1,0 +1,95 @@
+"""Where a DeepSeek V4 batch's requests sit: rank by cache partition, local row by arrival."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import replace as _replace
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
+from blockprep.batch import DecodeBatch
+from blockprep.ids import as_int
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where one batch's requests sit: per request its rank and local row, per table row
+    (``rank * b + local``) its request and the request whose dynamic inputs it copies."""
+
+    request_ids: list[str]
+    partitions: list[Any]
+    ranks: tuple[int, ...]
+    local_rows: tuple[int, ...]
+    counts: tuple[int, ...]
+    perm: list[int]  # per table row: request index, or A + k for scratch page k
+    occupants: list[str | None]  # per table row: request id, None for a padding row
+    source: npt.NDArray[np.intp]  # per table row: the request its dynamic inputs replicate
+    request_rows: npt.NDArray[np.intp]  # per request: its table row
+    in_order: bool  # request q sits in table row q, and no row is padding
+
+
+def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | None) -> Assignment:
+    """Rank and local row of every request (seed-semantics 6.1, upstream's messages), reusing
+    ``cached`` (the previous batch's) when the partitions are the same."""
+    request_ids, partitions = batch.request_ids, batch.cache_partitions
+    if cached is not None and partitions == cached.partitions:
+        if request_ids == cached.request_ids:
+            return cached
+        if len(request_ids) == len(partitions):  # the same places, other requests
+            A = len(request_ids)
+            now = [request_ids[q] if q < A else None for q in cached.perm]
+            return _replace(cached, request_ids=list(request_ids), occupants=now)
+            return cached
+    A = len(request_ids)
+    if A <= 0:
+        raise ValueError("DeepSeekV4 decode batch must not be empty")
+    if len(partitions) != A:
+        raise ValueError("DeepSeekV4 decode requires one cache partition per request")
+    R, b = layout.ranks, layout.decode_batch
+    counts = [0] * R
+    ranks: list[int] = []
+    local_rows: list[int] = []
+    for partition in partitions:
+        rank = partition if type(partition) is int else _partition_index(partition)
+        if not 0 <= rank < R:
+            raise ValueError(f"DeepSeekV4 decode cache partitions must be in [0, {R - 1}]")
+        if counts[rank] >= b:
+            raise ValueError(f"DeepSeekV4 rank {rank} decode batch exceeds local capacity {b}")
+        ranks.append(rank)
+        local_rows.append(counts[rank])
+        counts[rank] += 1
+    perm = [A + local - counts[rank] for rank in range(R) for local in range(b)]
+    occupants: list[str | None] = [None] * (R * b)
+    firsts = [0] * R  # each rank's first request (request 0 for an empty rank)
+    for q in range(A - 1, -1, -1):
+        firsts[ranks[q]] = q
+    source = [q for q in firsts for _ in range(b)]
+    rows = [rank * b + local for rank, local in zip(ranks, local_rows, strict=True)]
+    for q, row in enumerate(rows):
+        perm[row] = q
+        occupants[row] = request_ids[q]
+        source[row] = q
+    assignment = Assignment(
+        list(request_ids),
+        list(partitions),
+        tuple(ranks),
+        tuple(local_rows),
+        tuple(counts),
+        perm,
+        occupants,
+        np.array(source, dtype=np.intp),
+        np.array(rows, dtype=np.intp),
+        perm == list(range(R * b)),
+    )
+    return assignment
+
+
+def _partition_index(partition: object) -> int:
+    """A cache partition as an int; anything else is out of range (upstream's message)."""
+    try:
+        return as_int(partition, "cache partition")
+    except TypeError:
+        return -1

@@ -1,0 +1,217 @@
+"""DeepSeek V4's decode layout: the 7 cache groups, their widths and ring lengths, scratch pages.
+
+Upstream's constants and messages (seed-semantics 4), importable without anything else.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal
+
+from blockprep.ids import INT32_MAX, as_int
+
+GROUP_NAMES = (
+    "ori",
+    "cmp_c128",
+    "cmp_c4",
+    "idx",
+    "hca_state",
+    "csa_state",
+    "csa_inner_state",
+)
+"""The 7 cache groups in upstream's canonical order (``block_counts`` column order)."""
+
+INPUT_FIELDS = (
+    "block_counts",
+    "input_ids",
+    "position_ids",
+    "kv_seq_lens",
+    "num_tokens_per_owner",
+    "logit_row_indices",
+)
+"""A slot's buffers besides the 7 tables, by their names in :class:`DeepSeekV4DecodeInputs` and
+:func:`blockprep.reference.deepseek_v4_decode_rebuild`."""
+
+SOURCE_BLOCK_TOKENS = 128
+"""Tokens per block of the ``ori``, ``cmp_*`` and ``idx`` groups (upstream ``BLOCK_SIZE``)."""
+COMPILED_SOURCE_BLOCKS = 128
+"""Width of the ``ori``, ``cmp_*`` and ``idx`` tables: source-token blocks a request may hold."""
+SLIDING_WINDOW = 128
+HCA_STATE_BLOCK_TOKENS = 8
+CSA_STATE_BLOCK_TOKENS = 4
+CSA_COMPRESS_RATIO = 4
+
+
+@dataclass(frozen=True)
+class DeepSeekV4CacheGroup:
+    """One KV cache group of a layout.
+
+    ``kind``: ``"ring"`` (``ids[j % n]`` in every column) or ``"paged"`` (full history: ids, then
+    0). ``width``: decode table columns. ``block_tokens``: tokens per scheduler block.
+    ``ids_per_request``: the most ids a request holds (a ring's length). ``num_blocks``: the
+    scheduler-visible physical blocks per rank; padding rows use the scratch pages
+    ``num_blocks + k``.
+    """
+
+    name: str
+    kind: Literal["ring", "paged"]
+    width: int
+    block_tokens: int
+    ids_per_request: int
+    num_blocks: int
+
+
+class DeepSeekV4Layout:
+    """The decode shapes of a DeepSeek V4 deployment (upstream ``DeepSeekV4CacheLayout``).
+
+    Args:
+        ranks: DP ranks (one cache partition each).
+        decode_batch: kernel rows per rank (``b``).
+        decode_seq: token slots per row (``S``; 2 for MTP verification).
+        max_seq_len: longest sequence, at most 16384 (128 source blocks of 128 tokens).
+        num_blocks: group name -> scheduler-visible physical blocks per rank, every group named.
+            Default: enough for ``decode_batch`` requests of ``ids_per_request`` ids each.
+        max_in_flight_prefill_tokens: prefill tokens a ring must cover besides its window (256);
+            it sets the ring lengths: ori 4, hca_state 48, csa_state and csa_inner_state 65.
+
+    ``decode_tokens = decode_batch * decode_seq`` (``T``). Tables are 128 wide, except hca_state
+    2048 and the two csa tables 4096.
+
+    Raises:
+        ValueError: upstream's messages (seed-semantics 4.1): ``"decode_batch must be
+            positive"``, ``"max_seq_len must be positive"``, ``"DeepSeekV4 max_seq_len={m} needs
+            {n} source-token blocks, but the compiled block tables support 128"``, ``"DeepSeekV4
+            {name} cache needs {required} blocks per request to cover ..."``, ``"DeepSeekV4 {name}
+            cache needs more than {decode_batch} physical blocks"``, ``"unknown DeepSeekV4 cache
+            group: {name}"``; and for ``ranks``, ``decode_seq``, a missing group or a pool whose
+            scratch pages would pass ``2**31 - 1``.
+        TypeError: a non-integer argument.
+    """
+
+    __slots__ = ("_groups", "decode_batch", "decode_seq", "max_seq_len", "ranks")
+
+    def __init__(
+        self,
+        ranks: int = 8,
+        decode_batch: int = 8,
+        decode_seq: int = 1,
+        max_seq_len: int = 16384,
+        num_blocks: Mapping[str, int] | None = None,
+        *,
+        max_in_flight_prefill_tokens: int = 256,
+    ) -> None:
+        ranks = as_int(ranks, "ranks")
+        decode_batch = as_int(decode_batch, "decode_batch")
+        decode_seq = as_int(decode_seq, "decode_seq")
+        max_seq_len = as_int(max_seq_len, "max_seq_len")
+        prefill = as_int(max_in_flight_prefill_tokens, "max_in_flight_prefill_tokens")
+        if ranks <= 0:
+            raise ValueError(f"ranks must be positive, got {ranks}")
+        if decode_batch <= 0:
+            raise ValueError("decode_batch must be positive")
+        if decode_seq <= 0:
+            raise ValueError(f"decode_seq must be positive, got {decode_seq}")
+        if max_seq_len <= 0:
+            raise ValueError("max_seq_len must be positive")
+        if prefill < 0:
+            raise ValueError(f"max_in_flight_prefill_tokens must be non-negative, got {prefill}")
+        source_blocks = math.ceil(max_seq_len / SOURCE_BLOCK_TOKENS)
+        if source_blocks > COMPILED_SOURCE_BLOCKS:
+            raise ValueError(
+                f"DeepSeekV4 max_seq_len={max_seq_len} needs {source_blocks} source-token blocks, "
+                f"but the compiled block tables support {COMPILED_SOURCE_BLOCKS}"
+            )
+        csa_ring = math.ceil((CSA_COMPRESS_RATIO + prefill) / CSA_STATE_BLOCK_TOKENS)
+        rings = {
+            "ori": (math.ceil((SLIDING_WINDOW - 1 + prefill) / SOURCE_BLOCK_TOKENS) + 1, 128),
+            "hca_state": (math.ceil((SLIDING_WINDOW + prefill) / HCA_STATE_BLOCK_TOKENS), 64),
+            "csa_state": (csa_ring, 65),
+            "csa_inner_state": (csa_ring, 65),
+        }
+        for name, (required, limit) in rings.items():
+            if required > limit:
+                raise ValueError(
+                    f"DeepSeekV4 {name} cache needs {required} blocks per request to cover the "
+                    "rolling history and in-flight prefill tokens, but the compiled block table "
+                    f"supports {limit}"
+                )
+        shapes: dict[str, tuple[Literal["ring", "paged"], int, int, int]] = {
+            "ori": ("ring", 128, SOURCE_BLOCK_TOKENS, rings["ori"][0]),
+            "cmp_c128": ("paged", 128, SOURCE_BLOCK_TOKENS, source_blocks),
+            "cmp_c4": ("paged", 128, SOURCE_BLOCK_TOKENS, source_blocks),
+            "idx": ("paged", 128, SOURCE_BLOCK_TOKENS, source_blocks),
+            "hca_state": ("ring", 2048, HCA_STATE_BLOCK_TOKENS, rings["hca_state"][0]),
+            "csa_state": ("ring", 4096, CSA_STATE_BLOCK_TOKENS, csa_ring),
+            "csa_inner_state": ("ring", 4096, CSA_STATE_BLOCK_TOKENS, csa_ring),
+        }
+        pools = _pool_sizes(num_blocks, decode_batch, {g: s[3] for g, s in shapes.items()})
+        self.ranks = ranks
+        self.decode_batch = decode_batch
+        self.decode_seq = decode_seq
+        self.max_seq_len = max_seq_len
+        self._groups = tuple(
+            DeepSeekV4CacheGroup(name, *shapes[name], pools[name]) for name in GROUP_NAMES
+        )
+
+    @property
+    def decode_tokens(self) -> int:
+        """Token rows per rank: ``decode_batch * decode_seq``."""
+        return self.decode_batch * self.decode_seq
+
+    @property
+    def groups(self) -> tuple[DeepSeekV4CacheGroup, ...]:
+        """The 7 groups in :data:`GROUP_NAMES` order."""
+        return self._groups
+
+    @property
+    def num_blocks(self) -> Mapping[str, int]:
+        """Group name -> scheduler-visible physical blocks per rank (read-only)."""
+        return MappingProxyType({g.name: g.num_blocks for g in self._groups})
+
+    def group(self, name: str) -> DeepSeekV4CacheGroup:
+        """The group called ``name``; ``ValueError("unknown DeepSeekV4 cache group: {name}")``."""
+        for group in self._groups:
+            if group.name == name:
+                return group
+        raise ValueError(f"unknown DeepSeekV4 cache group: {name}")
+
+    def __repr__(self) -> str:
+        return (
+            f"DeepSeekV4Layout(ranks={self.ranks}, decode_batch={self.decode_batch}, "
+            f"decode_seq={self.decode_seq}, max_seq_len={self.max_seq_len}, "
+            f"num_blocks={dict(self.num_blocks)})"
+        )
+
+
+def _pool_sizes(
+    num_blocks: Mapping[str, int] | None, decode_batch: int, per_request: Mapping[str, int]
+) -> dict[str, int]:
+    if num_blocks is None:
+        return {name: decode_batch * count for name, count in per_request.items()}
+    if not isinstance(num_blocks, Mapping):
+        raise TypeError(
+            f"num_blocks must map group names to block counts, got {type(num_blocks).__name__}"
+        )
+    for name in num_blocks:
+        if name not in per_request:
+            raise ValueError(f"unknown DeepSeekV4 cache group: {name}")
+    missing = [name for name in GROUP_NAMES if name not in num_blocks]
+    if missing:
+        raise ValueError(f"num_blocks is missing cache groups: {', '.join(missing)}")
+    pools = {}
+    for name in GROUP_NAMES:
+        count = as_int(num_blocks[name], f"num_blocks[{name!r}]")
+        if count <= decode_batch:
+            raise ValueError(
+                f"DeepSeekV4 {name} cache needs more than {decode_batch} physical blocks"
+            )
+        if count + decode_batch - 1 > INT32_MAX:
+            raise ValueError(
+                f"num_blocks[{name!r}]={count}: scratch pages up to {count + decode_batch - 1} "
+                f"would pass the int32 maximum {INT32_MAX}"
+            )
+        pools[name] = count
+    return pools
