@@ -51,6 +51,8 @@ MAX_REPLAY_STEPS = 8
 SMALL_CHANGE = 4
 """A same-length row whose ids differ in at most ``max(SMALL_CHANGE, n // 4)`` places is written
 place by place (a strided write per ring slot, a cell per paged id); otherwise whole."""
+SCATTER_MIN_ROTATIONS = 6
+"""A group with at least this many rotated ring slots in a step writes them as one scatter."""
 BLOCK_RENDER_MIN_ROWS = 3
 """A group with at least this many whole rows in a step validates and renders them in one block."""
 
@@ -135,13 +137,14 @@ class _GroupWrites(NamedTuple):
 
     ``copy_dst``/``copy_src``: rows copied (from the content before the step); ``blocks``: rows
     written whole from a rendered ``[k, width]`` block; ``tilings``: ring rows tiled whole;
-    ``cells``: ``((row, slice), value)`` plain assignments. ``rows``: rows written,
-    ``cell_count``: cells written."""
+    ``scatters``: ``(flat index, values)``; ``cells``: ``((row, slice), value)`` assignments.
+    ``rows``: rows written, ``cell_count``: cells written."""
 
     copy_dst: list[int]
     copy_src: list[int]
     blocks: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]]
     tilings: list[_Tiling]
+    scatters: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]
     cells: list[tuple[tuple[int, slice | int], Any]]
     rows: int
     cell_count: int
@@ -405,6 +408,8 @@ class GroupedTables:
                 table[index] = block
             for tiling in writes.tilings:
                 self._tile(table, tiling)
+            for index, values in writes.scatters:
+                table.reshape(-1)[index] = values
             for key, value in writes.cells:
                 table[key] = value
             counters = state.stats[gi]
@@ -460,10 +465,11 @@ class _GroupPlanner:
         self.old_hints = hints
         self.hints = hints[:]
         self.place = place
-        self.writes = _GroupWrites([], [], [], [], [], 0, 0)
+        self.writes = _GroupWrites([], [], [], [], [], [], 0, 0)
         self.whole_rows: list[int] = []
         self.whole_ids: list[list[Any]] = []
         self.whole_bases: list[list[int] | None] = []
+        self.rotations: list[tuple[int, int, int, int]] = []  # ring (row, slot, length, id)
         self.padding_rows: set[int] = set()
         self.lengths: list[tuple[int, int]] = []
         self.rows_written = 0
@@ -487,6 +493,7 @@ class _GroupPlanner:
         )
         group = self.group
         limit, width, ring = group.id_limit, group.width, group.kind == "ring"
+        rotations = self.rotations
         written = cell_count = 0
         for row in changed:
             ids = column[row]
@@ -512,7 +519,7 @@ class _GroupPlanner:
                         hints[row] = p + 1 if p + 1 < n else 0
                         written += 1
                         if ring:
-                            cells.append(((row, slice(p, width, n)), x))
+                            rotations.append((row, p, n, x))
                             cell_count += (width - 1 - p) // n + 1
                         else:
                             cells.append(((row, p), x))
@@ -563,6 +570,7 @@ class _GroupPlanner:
     ) -> tuple[_GroupWrites, list[list[int] | None], list[tuple[int, int]]]:
         """The group's writes, its rows' ids after the step, and ``(row, length)`` of every row
         whose length may have changed."""
+        self._rotations()
         whole_rows = self.whole_rows
         if len(whole_rows) >= BLOCK_RENDER_MIN_ROWS:
             whole_ids, flat = self._block_ids()
@@ -797,6 +805,24 @@ class _GroupPlanner:
         )
 
     # --- writes -----------------------------------------------------------------------------------
+
+    def _rotations(self) -> None:
+        """Rotated ring slots: a few strided writes, or many as one scatter through a flat index
+        computed once (every slot replays it in one NumPy call)."""
+        rotations = self.rotations
+        if not rotations:
+            return
+        width = self.group.width
+        if len(rotations) < SCATTER_MIN_ROTATIONS:
+            for row, p, n, x in rotations:
+                self.writes.cells.append(((row, slice(p, width, n)), x))
+            return
+        rows, slots, lengths, ids = np.array(rotations, dtype=np.int64).T
+        cells = (width - 1 - slots) // lengths + 1
+        columns = slots[:, None] + lengths[:, None] * np.arange(int(cells.max()))
+        inside = columns < width
+        index = (rows[:, None] * width + columns)[inside]
+        self.writes.scatters.append((index, np.repeat(ids, cells).astype(np.int32)))
 
     def _write_row(self, row: int, ids: list[int]) -> None:
         group = self.group
