@@ -1030,3 +1030,39 @@ def test_a_step_writes_only_what_changed() -> None:
     assert_reference(prepare(preparer, batch), batch, layout)
     stats = preparer.table_stats(0)
     assert all(s.misses == 3 for s in stats.values())
+
+
+def test_invalidate_rewrites_what_something_else_wrote() -> None:
+    """After anything else scribbles on a slot, invalidate(slot) makes its next step equal a
+    rebuild again; the other slot keeps its own step. reset() forgets every slot."""
+    layout = DeepSeekV4Layout(ranks=2, decode_batch=4)
+    preparer = DeepSeekV4DecodePreparer(layout)
+    batch = make_batch([0, 1, 1], seq_lens=[5, 6, 7], ids=[groups(q) for q in range(3)])
+    prepare(preparer, batch, 0)
+    other = prepare(preparer, batch, 1)
+    snapshot = [t.clone() for t in other.buffers().values()]
+    scribbled = views(preparer, 0)
+    for tensor in scribbled.buffers().values():
+        tensor.fill_(77)
+    preparer.invalidate(0)
+    assert_reference(prepare(preparer, batch, 0), batch, layout)
+    assert all(torch.equal(a, b) for a, b in zip(snapshot, other.buffers().values(), strict=True))
+    for slot in (0, 1):
+        for tensor in views(preparer, slot).buffers().values():
+            tensor.fill_(-3)
+    preparer.reset()
+    moved = make_batch([1, 0], seq_lens=[8, 9], ids=[groups(5), groups(6)])
+    assert_reference(prepare(preparer, moved, 1), moved, layout)
+    assert_reference(prepare(preparer, moved, 0), moved, layout)
+
+
+def test_table_stats_count_rows_left_alone() -> None:
+    """hits: rows a step left as they were; misses: rows it wrote."""
+    layout = DeepSeekV4Layout(ranks=2, decode_batch=4)
+    preparer = DeepSeekV4DecodePreparer(layout, buffer_slots=1)
+    batch = make_batch([0, 1], ids=[groups(0), groups(1)])
+    prepare(preparer, batch)
+    preparer.reset_stats()
+    prepare(preparer, batch)
+    stats = preparer.table_stats(0)
+    assert all(s.hits == 8 and s.misses == 0 and s.cells_written == 0 for s in stats.values())
