@@ -1066,3 +1066,12 @@ def test_table_stats_count_rows_left_alone() -> None:
     prepare(preparer, batch)
     stats = preparer.table_stats(0)
     assert all(s.hits == 8 and s.misses == 0 and s.cells_written == 0 for s in stats.values())
+
+
+def test_requests_in_the_leading_rows_then_padding() -> None:
+    """Two requests on rank 0 of a 2x2 layout fill table rows 0 and 1 in order; rows 2 and 3
+    are padding whose scratch index happens to equal their row (regression)."""
+    layout = DeepSeekV4Layout(ranks=2, decode_batch=2, max_seq_len=1024)
+    preparer = DeepSeekV4DecodePreparer(layout)
+    batch = make_batch([0, 0], ids=[groups(0), groups(1)])
+    assert_reference(prepare(preparer, batch, 0), batch, layout)
