@@ -19,9 +19,9 @@ A step has two phases:
 
 The id rule: an id equal by value to the id its row already holds at that position is taken as
 that held int (so unchanged ids cost no type check); every other id must be an integer (a plain
-``int``, or a NumPy integer, converted) in ``[0, id_limit)``, not repeated within its row
-(``bool``, ``float``, NumPy floats and anything else are :class:`BlockIdTypeError`); a row given
-as an array or tensor of a non-integer dtype is rejected
+``int``, or a NumPy integer or 0-d integer array or tensor, converted) in ``[0, id_limit)``, not
+repeated within its row (``bool``, ``float``, NumPy floats and anything else are
+:class:`BlockIdTypeError`); a row given as an array or tensor of a non-integer dtype is rejected
 whole. The recorded state holds plain ints only, so what one slot accepted no slot rejects later.
 
 After every commit, every slot's buffers equal a from-scratch rebuild of the latest step committed
@@ -43,7 +43,7 @@ import torch
 
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import host_tensor
-from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype
+from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
 from blockprep.tiling import tile_rows
 
 MAX_REPLAY_STEPS = 8
@@ -512,7 +512,7 @@ class _GroupPlanner:
                 x = ids[p]
                 if type(x) is int:
                     new = base[:]
-                    new[p] = _INTERNED[x] if x < INTERNED_IDS else x
+                    new[p] = _INTERNED[x] if 0 <= x < INTERNED_IDS else x
                     if ids == new and 0 <= x < limit and x not in base:
                         n = len(new)
                         new_latest[row] = new
@@ -554,7 +554,7 @@ class _GroupPlanner:
                 if len(positions) <= max(SMALL_CHANGE, n // 4):
                     self._patch(row, ids, src, base, positions)
                     return
-            elif 0 < m < n <= group.width and ids[:m] == base:
+            elif m < n <= group.width and ids[:m] == base:
                 self._append(row, ids, src, base)
                 return
             elif group.kind == "paged" and group.shortest <= n < m and ids == base[:n]:
@@ -562,6 +562,7 @@ class _GroupPlanner:
                 self.new_latest[row] = base[:n]
                 self.lengths.append((row, n))
                 self._cells((row, slice(n, m)), group.pad, m - n)
+                self.rows_written += 1
                 return
         self._whole(row, ids, base)
 
@@ -622,6 +623,7 @@ class _GroupPlanner:
             else:
                 self._cells((row, p), new[p], 1)
         self.lengths.append((row, n))
+        self.rows_written += 1
 
     def _append(self, row: int, ids: list[Any], src: int | None, base: list[int]) -> None:
         """A row grown at its end: check the new ids; write them (paged) or re-tile (ring)."""
@@ -640,13 +642,14 @@ class _GroupPlanner:
         self._move(row, src)
         value = tail[0] if len(tail) == 1 else np.array(tail, dtype=np.int32)
         self._cells((row, slice(m, len(new))), value, len(tail))
+        self.rows_written += 1
 
     def _move(self, row: int, src: int | None) -> None:
         """A moved request's row starts as a copy of the row it held."""
         if src is not None:
             self.writes.copy_dst.append(row)
             self.writes.copy_src.append(src)
-            self._count(self.group.width)
+            self.cell_count += self.group.width
 
     def _whole(self, row: int, ids: list[Any], base: list[int] | None) -> None:
         """A row written whole: checked in :meth:`finish`, with the other whole rows."""
@@ -698,8 +701,8 @@ class _GroupPlanner:
             if type(x) is not int:
                 if p < len(held) and _equal(x, held[p]):
                     x = held[p]
-                elif isinstance(x, np.integer):
-                    x = int(x)
+                elif is_integer_id(x):
+                    x = operator.index(x)
                 else:
                     raise self._type_error(row, x)
             out.append(x)
@@ -708,11 +711,11 @@ class _GroupPlanner:
     # --- checks -----------------------------------------------------------------------------------
 
     def _new_id(self, row: int, x: object) -> int:
-        """A changed id as a plain int in range (NumPy integers converted)."""
+        """A changed id as a plain int in range (other integers converted)."""
         if type(x) is not int:
-            if not isinstance(x, np.integer):
+            if not is_integer_id(x):
                 raise self._type_error(row, x)
-            x = int(x)
+            x = operator.index(x)  # type: ignore[arg-type]
         if not 0 <= x < self.group.id_limit:
             self._out_of_range(row, x)
         return x
@@ -837,10 +840,12 @@ class _GroupPlanner:
                 self.writes.cells.append(((row, slice(n, group.width)), group.pad))
 
     def _cells(self, key: tuple[int, slice | int], value: Any, cells: int) -> None:
+        """One assignment into a row (its caller counts the row)."""
         self.writes.cells.append((key, value))
-        self._count(cells)
+        self.cell_count += cells
 
     def _count(self, cells: int) -> None:
+        """One row written, ``cells`` cells of it."""
         self.rows_written += 1
         self.cell_count += cells
 

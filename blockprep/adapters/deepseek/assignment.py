@@ -82,7 +82,7 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
         occupants,
         np.array(source, dtype=np.intp),
         np.array(rows, dtype=np.intp),
-        A == R * b and perm == list(range(R * b)),
+        R * b == A and perm == list(range(R * b)),
     )
     return assignment
 
