@@ -34,7 +34,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, pairwise
+from itertools import chain, compress
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -437,12 +437,13 @@ class GroupedTables:
             unknown = sorted(set(self._row_range).difference(known))
             if unknown:
                 table[unknown] = group.pad if group.kind == "paged" else 0
-            if known:
+            if known and group.kind == "paged":
                 lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-                rendered = _render(group, known, lists, lengths, _flat_ids(lists), None)
-                for index, block in rendered.blocks:
-                    table[index] = block
-                for tiling in rendered.tilings:
+                table[known] = _paged_block(group, lengths, _flat_ids(lists))
+            elif known:
+                classes = _ring_classes(lists)
+                assert classes is not None  # the recorded ids are plain ints
+                for tiling in _ring_tilings(known, classes):
                     self._tile(table, tiling)
             counters = state.stats[gi]
             counters[1] += self._num_rows
@@ -573,11 +574,12 @@ class _GroupPlanner:
         whose length may have changed."""
         self._rotations()
         whole_rows = self.whole_rows
-        if len(whole_rows) >= BLOCK_RENDER_MIN_ROWS:
+        if len(whole_rows) >= BLOCK_RENDER_MIN_ROWS and self.group.kind == "ring":
+            whole_ids, tilings = self._ring_block()
+            self.writes.tilings.extend(tilings)
+        elif len(whole_rows) >= BLOCK_RENDER_MIN_ROWS:
             whole_ids, flat = self._block_ids()
-            rendered = self._check_block(whole_rows, whole_ids, flat)
-            self.writes.blocks.extend(rendered.blocks)
-            self.writes.tilings.extend(rendered.tilings)
+            self.writes.blocks.append(self._check_block(whole_rows, whole_ids, flat))
         else:
             whole_ids = self._row_ids()
             for row, ids in zip(whole_rows, whole_ids, strict=True):
@@ -734,30 +736,77 @@ class _GroupPlanner:
 
     def _check_block(
         self, rows: list[int], lists: list[list[int]], flat: npt.NDArray[np.int64]
-    ) -> _Rendered:
-        """Check many whole rows at once (lengths, range, repeats) and render them (see
-        :func:`_render`); on a failure, the row by row check names the first bad row."""
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]:
+        """Check many whole paged rows at once (lengths, range, repeats) and render them as one
+        ``[k, width]`` block; on a failure, the row by row check names the first bad row."""
         group = self.group
         count = len(lists)
         lengths = np.fromiter(map(len, lists), dtype=np.int64, count=count)
-        padding = self.padding_rows
-        checked = np.fromiter((row not in padding for row in rows), dtype=bool, count=count)
-        bad = False
-        if padding.isdisjoint(rows):
-            mine_lengths, values = lengths, flat
+        checked = self._checked_mask(rows)
+        owner = np.repeat(np.arange(count), lengths)
+        mine = checked[owner]
+        values = flat[mine]
+        bad = bool(lengths[checked].size) and not (
+            group.shortest <= lengths[checked].min() and lengths[checked].max() <= group.width
+        )
+        if not bad and values.size:
+            keyed = np.sort(owner[mine] * (INT32_MAX + 1) + values)
+            bad = bool(
+                values.min() < 0
+                or values.max() >= group.id_limit
+                or (keyed[1:] == keyed[:-1]).any()
+            )
+        if bad:
+            self._check_rows(rows, lists)
+        return np.array(rows, dtype=np.intp), _paged_block(group, lengths, flat)
+
+    def _ring_block(self) -> tuple[list[list[int]], list[_Tiling]]:
+        """Many whole ring rows: grouped by length, each length one NumPy conversion (NumPy's
+        dtype, and a look at rows holding a 0 or a 1, prove the ids integers; row by row
+        otherwise), checked per length (range, repeats by sorting each row), rendered as tilings."""
+        group, rows, raw = self.group, self.whole_rows, self.whole_ids
+        classes = _ring_classes(raw)
+        if classes is None:
+            lists = self._row_ids()
+            classes = _ring_classes(lists)
+            assert classes is not None  # plain ints now
         else:
-            mine_lengths, values = lengths[checked], flat[np.repeat(checked, lengths)]
-        if mine_lengths.size:
-            low, high = mine_lengths.min(), mine_lengths.max()
-            bad = bool(low < group.shortest or high > group.width)
-            if not bad and values.size:
-                bad = bool(values.min() < 0 or values.max() >= group.id_limit)
-        rendered = None if bad else _render(group, rows, lists, lengths, flat, checked)
-        if rendered is None or rendered.repeats:
-            for row, ids in zip(rows, lists, strict=True):
-                self._check_row(row, ids)
-            raise AssertionError("the block check and the row check disagree")
-        return rendered
+            lists = list(raw)
+            padding = self.padding_rows
+            for members, ids in classes:
+                for i, values in zip(members, ids.tolist(), strict=True):
+                    if rows[i] not in padding:
+                        lists[i] = values
+        checked = self._checked_mask(rows)
+        for members, ids in classes:
+            mine = ids[checked[members]]
+            if not mine.shape[0]:
+                continue  # padding rows only
+            n = ids.shape[1]
+            bad = not group.shortest <= n <= group.width
+            if not bad and n:
+                ranked = np.sort(mine, axis=1)
+                bad = bool(
+                    ranked[:, 0].min() < 0
+                    or ranked[:, -1].max() >= group.id_limit
+                    or (ranked[:, 1:] == ranked[:, :-1]).any()
+                )
+            if bad:
+                self._check_rows(rows, lists)
+        return lists, _ring_tilings(rows, classes)
+
+    def _checked_mask(self, rows: list[int]) -> npt.NDArray[np.bool_]:
+        """Which of ``rows`` are checked (not padding)."""
+        padding = self.padding_rows
+        if padding.isdisjoint(rows):
+            return np.ones(len(rows), dtype=bool)
+        return np.fromiter((row not in padding for row in rows), dtype=bool, count=len(rows))
+
+    def _check_rows(self, rows: list[int], lists: list[list[int]]) -> None:
+        """The row by row check, after a block check found a fault: raises for the first row."""
+        for row, ids in zip(rows, lists, strict=True):
+            self._check_row(row, ids)
+        raise AssertionError("the block check and the row check disagree")
 
     def _check_length(self, row: int, n: int) -> None:
         group = self.group
@@ -936,60 +985,63 @@ def _may_hide_bools(
     return any(not set(map(type, rows[i])) <= _INT for i in set(suspects.tolist()))
 
 
-class _Rendered(NamedTuple):
-    """Whole rows rendered: paged ``blocks``, ring ``tilings``, and whether a checked row
-    repeats an id."""
+def _paged_block(
+    group: TableGroup, lengths: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int32]:
+    """The int32 ``[len(lengths), width]`` paged rows holding ``flat`` (row after row), then pad."""
+    block = np.full((len(lengths), group.width), group.pad, dtype=np.int32)
+    block[np.arange(group.width) < lengths[:, None]] = flat
+    return block
 
-    blocks: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]]
-    tilings: list[_Tiling]
-    repeats: bool
+
+class _RingClass(NamedTuple):
+    """Whole ring rows of one length: their indices among the whole rows, and their ids."""
+
+    members: list[int]
+    ids: npt.NDArray[np.int64]  # [len(members), length]
 
 
-def _render(
-    group: TableGroup,
-    rows: list[int],
-    lists: list[list[int]],
-    lengths: npt.NDArray[np.int64],
-    flat: npt.NDArray[np.int64],
-    checked: npt.NDArray[np.bool_] | None,
-) -> _Rendered:
-    """Table rows ``rows`` holding ``lists`` (``flat``: their ids, row after row), and whether a
-    row of ``checked`` repeats an id. A paged group renders one ``[k, width]`` block; a ring group
-    one tiling per length, in place where those rows form a run."""
-    count = len(lists)
+def _ring_classes(lists: Sequence[Sequence[Any]]) -> list[_RingClass] | None:
+    """``lists`` grouped by length, each group converted in one NumPy call; ``None`` when NumPy
+    does not read every id as an integer, or a row holding a 0 or a 1 may hide a bool."""
+    by_length: dict[int, list[int]] = {}
+    for i, row in enumerate(lists):
+        by_length.setdefault(len(row), []).append(i)
+    classes = []
+    for n, members in by_length.items():
+        try:
+            ids = np.array([lists[i] for i in members]) if n else np.empty((len(members), 0))
+        except (TypeError, ValueError, OverflowError):
+            return None
+        if n and (ids.dtype.kind != "i" or ids.ndim != 2):
+            return None
+        if n and int(ids.min()) <= 1:
+            suspects = np.flatnonzero((ids <= 1).any(axis=1)).tolist()
+            if any(not set(map(type, lists[members[i]])) <= _INT for i in suspects):
+                return None
+        classes.append(_RingClass(members, ids.astype(np.int64, copy=False)))
+    return classes
+
+
+def _ring_tilings(rows: list[int], classes: list[_RingClass]) -> list[_Tiling]:
+    """Tilings writing ``classes`` into table rows ``rows``: one per length, in place where its
+    rows form a run. When all of ``rows`` form a run, the most common length is tiled over the
+    whole run first (one in-place tiling, the other rows holding stand-ins that their own
+    tilings overwrite after it)."""
+    count = len(rows)
     index = np.array(rows, dtype=np.intp)
-    if group.kind == "paged":
-        block = np.full((count, group.width), group.pad, dtype=np.int32)
-        block[np.arange(group.width) < lengths[:, None]] = flat
-        repeats = False
-        if checked is not None:
-            owner = np.repeat(np.arange(count), lengths)
-            mine = checked[owner]
-            keyed = np.sort(owner[mine] * (INT32_MAX + 1) + flat[mine])
-            repeats = bool((keyed[1:] == keyed[:-1]).any())
-        return _Rendered([(index, block)], [], repeats)
-    starts = np.zeros(count, dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    order = np.argsort(lengths, kind="stable")
-    ordered = lengths[order]
-    bounds = [0, *(np.flatnonzero(ordered[1:] != ordered[:-1]) + 1).tolist(), count]
-    tilings = []
-    repeats = False
-    for a, b in pairwise(bounds):
-        n = int(ordered[a])
-        if b - a == 1:  # a length of its own: no index arrays
-            i = int(order[a])
-            start = int(starts[i])
-            if checked is not None and checked[i] and not repeats:
-                repeats = len(set(lists[i])) != n
-            tilings.append(_Tiling(rows[i], flat[None, start : start + n].astype(np.int32)))
-            continue
-        members = order[a:b]
-        ids = flat[starts[members, None] + np.arange(n)]
-        if checked is not None and n > 1 and not repeats:
-            ranked = np.sort(ids[checked[members]], axis=1)
-            repeats = bool((ranked[:, 1:] == ranked[:, :-1]).any())
+    tilings: list[_Tiling] = []
+    order = sorted(range(len(classes)), key=lambda c: -len(classes[c].members))
+    if len(classes[order[0]].members) > 1 and rows[-1] - rows[0] == count - 1:
+        members, ids = classes[order.pop(0)]
+        whole = np.repeat(ids[:1], count, axis=0)
+        whole[members] = ids
+        tilings.append(_Tiling(rows[0], whole.astype(np.int32)))
+    for c in order:
+        members, ids = classes[c]
+        if not ids.shape[1]:
+            continue  # an empty ring row is never written (the checks reject it)
         targets = index[members]
         run = int(targets[0]) if (np.diff(targets) == 1).all() else None
         tilings.append(_Tiling(targets if run is None else run, ids.astype(np.int32)))
-    return _Rendered([], tilings, repeats)
+    return tilings
