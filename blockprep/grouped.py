@@ -53,8 +53,9 @@ SMALL_CHANGE = 4
 place by place (a strided write per ring slot, a cell per paged id); otherwise whole."""
 SCATTER_MIN_ROTATIONS = 6
 """A group with at least this many rotated ring slots in a step writes them as one scatter."""
-BLOCK_RENDER_MIN_ROWS = 3
-"""A group with at least this many whole rows in a step validates and renders them in one block."""
+BLOCK_RENDER_MIN_ROWS = 8
+"""Default ``block_rows``: a group with at least this many whole rows in a step validates and
+renders them in one block (fewer: row by row, cheaper below this count)."""
 
 INTERNED_IDS = 1 << 16
 """Ids below this are recorded as one shared int object per value: the state compared every step
@@ -157,6 +158,7 @@ class GroupedStep:
 
     latest: tuple[list[list[int] | None], ...]
     hints: tuple[list[int], ...]  # per group and row: the ring slot likely to change next
+    lengths: tuple[list[int], ...]  # per group and row: ids held (``counts`` as ints)
     keys: list[Hashable | None]
     counts: npt.NDArray[np.int32]
     writes: tuple[_GroupWrites | None, ...]  # per group, None when nothing changed
@@ -178,6 +180,7 @@ class _SlotState:
         )
         self.counts_np = self.counts.numpy()
         self.backlog: list[GroupedStep] | None = []
+        self.counts_from: npt.NDArray[np.int32] | None = None  # the counts last copied in
         self.stats = [[0, 0, 0] for _ in groups]  # hits, misses, cells_written
 
 
@@ -189,6 +192,8 @@ class GroupedTables:
         num_rows: table rows (kernel rows; padding included).
         slots: independent buffer sets; committing into one never touches another.
         share_memory: allocate every buffer in shared memory (for workers forked afterwards).
+        block_rows: whole rows of a group from which a step checks and renders them as one
+            block (a tuning knob: the result is the same either way).
 
     Every buffer is allocated here, once, zero-filled; its address never changes.
     """
@@ -200,6 +205,7 @@ class GroupedTables:
         *,
         slots: int = 1,
         share_memory: bool = False,
+        block_rows: int = BLOCK_RENDER_MIN_ROWS,
     ) -> None:
         groups = tuple(groups)
         if not groups or not all(isinstance(g, TableGroup) for g in groups):
@@ -215,12 +221,14 @@ class GroupedTables:
             raise ValueError(f"slots must be positive, got {slots}")
         self._groups = groups
         self._num_rows = num_rows
+        self._block_rows = max(1, as_int(block_rows, "block_rows"))
         self._row_range = range(num_rows)
         self._slots = [_SlotState(groups, num_rows, share_memory) for _ in range(slots)]
         self._latest: tuple[list[list[int] | None], ...] = tuple([None] * num_rows for _ in groups)
         self._keys: list[Hashable | None] = [None] * num_rows
         self._hints: tuple[list[int], ...] = tuple([0] * num_rows for _ in groups)
         self._counts = np.zeros((num_rows, len(groups)), dtype=np.int32)
+        self._lengths: tuple[list[int], ...] = tuple([0] * num_rows for _ in groups)
         self._version = 0
         ring_cells = [num_rows * g.width for g in groups if g.kind == "ring"]
         self._scratch = np.full(max(ring_cells, default=0), 0, dtype=np.int32)
@@ -267,6 +275,7 @@ class GroupedTables:
         else wrote them: its next commit rewrites every row from the latest ids."""
         for state in self._slots if slot is None else [self._slots[slot]]:
             state.backlog = None
+            state.counts_from = None
 
     def reset(self) -> None:
         """Forget every row's ids and keys: the next step writes every row, into every slot."""
@@ -274,9 +283,9 @@ class GroupedTables:
         self._keys = [None] * self._num_rows
         self._hints = tuple([0] * self._num_rows for _ in self._groups)
         self._counts = np.zeros_like(self._counts)
+        self._lengths = tuple([0] * self._num_rows for _ in self._groups)
         self._version += 1
-        for state in self._slots:
-            state.backlog = None
+        self.invalidate()
 
     # --- plan -------------------------------------------------------------------------------------
 
@@ -322,6 +331,7 @@ class GroupedTables:
         new_counts: npt.NDArray[np.int32] | None = None
         latest_out: list[list[list[int] | None]] = []
         hints_out: list[list[int]] = []
+        lengths_out: list[list[int]] = []
         writes_out: list[_GroupWrites | None] = []
         for gi, group in enumerate(self._groups):
             column = rows[gi]
@@ -338,26 +348,32 @@ class GroupedTables:
                 raise _incomparable(column, group, place) from None
             if fresh:  # a request on a former padding row: its ids were never checked
                 changed = sorted(set(changed).union(fresh))
+            held_lengths = self._lengths[gi]
             if not changed:
                 latest_out.append(latest)
                 hints_out.append(self._hints[gi])
+                lengths_out.append(held_lengths)
                 writes_out.append(None)
                 continue
-            planner = _GroupPlanner(group, latest, self._hints[gi], place)
+            planner = _GroupPlanner(group, latest, self._hints[gi], place, self._block_rows)
             planner.rows(changed, column, keys, bases)
             writes, new_latest, lengths = planner.finish()
-            if lengths:
-                index, values = np.array(lengths, dtype=np.intp).T
-                if (counts[index, gi] != values).any():
-                    if new_counts is None:
-                        new_counts = counts.copy()
-                    new_counts[index, gi] = values
+            grown = [(row, n) for row, n in lengths if held_lengths[row] != n]
+            if grown:
+                held_lengths = held_lengths[:]
+                if new_counts is None:
+                    new_counts = counts.copy()
+                for row, n in grown:
+                    held_lengths[row] = n
+                    new_counts[row, gi] = n
+            lengths_out.append(held_lengths)
             latest_out.append(new_latest)
             hints_out.append(planner.hints)
             writes_out.append(writes)
         return GroupedStep(
             latest=tuple(latest_out),
             hints=tuple(hints_out),
+            lengths=tuple(lengths_out),
             keys=keys,
             counts=counts if new_counts is None else new_counts,
             writes=tuple(writes_out),
@@ -381,7 +397,9 @@ class GroupedTables:
             for past in state.backlog:
                 self._apply(state, past)
             self._apply(state, step)
-        np.copyto(state.counts_np, step.counts)
+        if state.counts_from is not step.counts:
+            np.copyto(state.counts_np, step.counts)
+            state.counts_from = step.counts
         state.backlog = []
         for other in self._slots:
             if other is not state and other.backlog is not None:
@@ -393,6 +411,7 @@ class GroupedTables:
         self._hints = step.hints
         self._keys = step.keys
         self._counts = step.counts
+        self._lengths = step.lengths
         self._version += 1
 
     def _apply(self, state: _SlotState, step: GroupedStep) -> None:
@@ -459,8 +478,10 @@ class _GroupPlanner:
         latest: list[list[int] | None],
         hints: list[int],
         place: Callable[[int], str],
+        block_rows: int,
     ) -> None:
         self.group = group
+        self.block_rows = block_rows
         self.latest = latest
         self.new_latest = latest[:]
         self.old_hints = hints
@@ -574,10 +595,10 @@ class _GroupPlanner:
         whose length may have changed."""
         self._rotations()
         whole_rows = self.whole_rows
-        if len(whole_rows) >= BLOCK_RENDER_MIN_ROWS and self.group.kind == "ring":
+        if len(whole_rows) >= self.block_rows and self.group.kind == "ring":
             whole_ids, tilings = self._ring_block()
             self.writes.tilings.extend(tilings)
-        elif len(whole_rows) >= BLOCK_RENDER_MIN_ROWS:
+        elif len(whole_rows) >= self.block_rows:
             whole_ids, flat = self._block_ids()
             self.writes.blocks.append(self._check_block(whole_rows, whole_ids, flat))
         else:

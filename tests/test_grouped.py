@@ -188,6 +188,7 @@ class GroupedEngine(RuleBasedStateMachine):
         slots=st.integers(1, 3),
         in_range_padding=st.booleans(),
         seed=st.integers(0, 2**32 - 1),
+        block_rows=st.sampled_from([1, 2, 3, 8]),
     )
     def start(
         self,
@@ -198,6 +199,7 @@ class GroupedEngine(RuleBasedStateMachine):
         slots: int,
         in_range_padding: bool,
         seed: int,
+        block_rows: int,
     ) -> None:
         groups = [
             TableGroup("swa", "ring", widths[0], id_limit=BASES[0] + WINDOW),
@@ -210,7 +212,7 @@ class GroupedEngine(RuleBasedStateMachine):
             )
         self.groups = groups
         self.num_rows = num_rows
-        self.gt = GroupedTables(groups, num_rows, slots=slots)
+        self.gt = GroupedTables(groups, num_rows, slots=slots, block_rows=block_rows)
         self.addresses = self.snapshot_addresses()
 
         # Padding rows: one fixed list per group and row, the same object every step. Group 0's
@@ -867,7 +869,7 @@ def test_reset_rewrites_every_row_of_every_slot() -> None:
 
 # --- the id rule on the block path and the per-row path ------------------------------------------
 
-BLOCK_ROWS = max(4, BLOCK_RENDER_MIN_ROWS + 1)
+BLOCK_ROWS = max(4, BLOCK_RENDER_MIN_ROWS + 1)  # whole rows enough for the block path
 
 
 def block_setup() -> tuple[GroupedTables, list[str]]:
