@@ -99,6 +99,13 @@ def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
     bench.add_argument(
+        "--sequential",
+        action="store_true",
+        help="time each construction's steps back to back instead of round by round (each keeps "
+        "its own cache state between steps; for comparison only: the ratios then also compare "
+        "different seconds of the machine)",
+    )
+    bench.add_argument(
         "--json", type=_output_path, metavar="PATH", help="also write the results as JSON"
     )
     bench.add_argument(
@@ -146,7 +153,9 @@ def _bench(workloads: Mapping[str, Workload], names: list[str], args: argparse.N
                     floors[name] = memory_floor(workload.cells)
                     bar.update()
                 bar.set_description(f"{name}: run {run + 1}/{args.runs}")
-                timings[name].append(time_workload(workload, args.steps, args.seed))
+                timings[name].append(
+                    time_workload(workload, args.steps, args.seed, interleaved=not args.sequential)
+                )
                 load = load_average()
                 if load is not None:
                     loads.append(load)
@@ -165,7 +174,7 @@ def _report(
 ) -> None:
     found = warnings(results, loads, os.cpu_count() or 1)
     parts = [
-        header(args.steps, args.runs, args.seed, threads),
+        header(args.steps, args.runs, args.seed, threads, interleaved=not args.sequential),
         table(results),
         legend(descriptions),
         footer(found),
@@ -178,7 +187,7 @@ def _report(
             "runs": args.runs,
             "seed": args.seed,
             "torch_threads": 1,
-            "interleaved": True,
+            "interleaved": not args.sequential,
         }
         conditions = {"load_averages": loads, "warnings": found, "descriptions": descriptions}
         write_json(args.json, results, options, conditions)

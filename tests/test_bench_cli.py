@@ -243,6 +243,16 @@ def test_constructions_are_interleaved_round_by_round_on_one_thread(cold: bool) 
     assert all(len(t.durations_us) == 4 for t in timings.values())
 
 
+def test_sequential_times_each_construction_back_to_back(capsys: Any) -> None:
+    _Logged.log.clear()
+    timings = time_workload(_logged_workload(False), 3, 0, interleaved=False)
+    a, b, c = CONSTRUCTIONS
+    assert [name for name, _ in _Logged.log] == [a, b, c, a, a, a, b, b, b, c, c, c]
+    assert all(len(t.durations_us) == 3 for t in timings.values())
+    assert main(["bench", "--workload", "paged-8x128-mixed", "--steps", "2", "--sequential"]) == 0
+    assert "timed one after another (--sequential)" in capsys.readouterr().out
+
+
 def test_an_uncounted_construction_shows_no_rows(
     monkeypatch: Any, tmp_path: Path, capsys: Any
 ) -> None:

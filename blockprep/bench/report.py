@@ -23,14 +23,19 @@ LOAD_MARGIN = 0.5
 """The load average (the bench's own busy thread included) may reach ``cpus - LOAD_MARGIN``."""
 
 
-def header(steps: int, runs: int, seed: int, threads: int) -> str:
+def header(steps: int, runs: int, seed: int, threads: int, *, interleaved: bool = True) -> str:
     """The conditions every figure of the table was measured under. ``threads``: torch's thread
     count outside the bench."""
     repeat = "1 run" if runs == 1 else f"{runs} runs (medians of the runs' medians)"
+    order = (
+        "constructions interleaved round by round"
+        if interleaved
+        else "constructions timed one after another (--sequential)"
+    )
     return (
         f"blockprep bench: {steps} timed steps a workload, {repeat}, seed {seed}; every "
         f"construction on one torch thread (torch.set_num_threads(1); {threads} otherwise), "
-        "constructions interleaved round by round, garbage collector off"
+        f"{order}, garbage collector off"
     )
 
 

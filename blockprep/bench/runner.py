@@ -172,16 +172,23 @@ class _Lane:
         return Timing(tuple(sorted(d / 1000 for d in self._durations)), *per_step)
 
 
-def time_workload(workload: Workload, steps: int, seed: int) -> dict[str, Timing]:
+def time_workload(
+    workload: Workload, steps: int, seed: int, *, interleaved: bool = True
+) -> dict[str, Timing]:
     """Time ``steps`` steps of every construction of ``workload``, interleaved round by round
-    (see the module), with the garbage collector off and one torch thread."""
+    (see the module; ``interleaved=False``: each construction's steps back to back), with the
+    garbage collector off and one torch thread."""
     with quiet_process():
         lanes = {
             name: _Lane(workload, make, steps, seed)
             for name, make in workload.constructions.items()
         }
         order = list(lanes.values())
-        for index in range(steps):
+        if not interleaved:
+            for lane in order:
+                for _ in range(steps):
+                    lane.time_next()
+        for index in range(steps if interleaved else 0):
             for offset in range(len(order)):
                 order[(index + offset) % len(order)].time_next()
     return {name: lane.timing() for name, lane in lanes.items()}
