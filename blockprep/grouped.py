@@ -51,8 +51,6 @@ MAX_REPLAY_STEPS = 8
 SMALL_CHANGE = 4
 """A same-length row whose ids differ in at most ``max(SMALL_CHANGE, n // 4)`` places is written
 place by place (a strided write per ring slot, a cell per paged id); otherwise whole."""
-SCATTER_MIN_ROTATIONS = 6
-"""A group with at least this many rotated ring slots in a step writes them as one scatter."""
 BLOCK_RENDER_MIN_ROWS = 8
 """Default ``block_rows``: a group with at least this many whole rows in a step validates and
 renders them in one block (fewer: row by row, cheaper below this count)."""
@@ -138,14 +136,13 @@ class _GroupWrites(NamedTuple):
 
     ``copy_dst``/``copy_src``: rows copied (from the content before the step); ``blocks``: rows
     written whole from a rendered ``[k, width]`` block; ``tilings``: ring rows tiled whole;
-    ``scatters``: ``(flat index, values)``; ``cells``: ``((row, slice), value)`` assignments.
+    ``cells``: ``((row, slice), value)`` assignments.
     ``rows``: rows written, ``cell_count``: cells written."""
 
     copy_dst: list[int]
     copy_src: list[int]
     blocks: list[tuple[npt.NDArray[np.intp], npt.NDArray[np.int32]]]
     tilings: list[_Tiling]
-    scatters: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]
     cells: list[tuple[tuple[int, slice | int], Any]]
     rows: int
     cell_count: int
@@ -427,8 +424,6 @@ class GroupedTables:
                 table[index] = block
             for tiling in writes.tilings:
                 self._tile(table, tiling)
-            for index, values in writes.scatters:
-                table.reshape(-1)[index] = values
             for key, value in writes.cells:
                 table[key] = value
             counters = state.stats[gi]
@@ -487,7 +482,7 @@ class _GroupPlanner:
         self.old_hints = hints
         self.hints = hints[:]
         self.place = place
-        self.writes = _GroupWrites([], [], [], [], [], [], 0, 0)
+        self.writes = _GroupWrites([], [], [], [], [], 0, 0)
         self.whole_rows: list[int] = []
         self.whole_ids: list[list[Any]] = []
         self.whole_bases: list[list[int] | None] = []
@@ -880,22 +875,11 @@ class _GroupPlanner:
     # --- writes -----------------------------------------------------------------------------------
 
     def _rotations(self) -> None:
-        """Rotated ring slots: a few strided writes, or many as one scatter through a flat index
-        computed once (every slot replays it in one NumPy call)."""
-        rotations = self.rotations
-        if not rotations:
-            return
+        """Rotated ring slots: one strided write each."""
         width = self.group.width
-        if len(rotations) < SCATTER_MIN_ROTATIONS:
-            for row, p, n, x in rotations:
-                self.writes.cells.append(((row, slice(p, width, n)), x))
-            return
-        rows, slots, lengths, ids = np.array(rotations, dtype=np.int64).T
-        cells = (width - 1 - slots) // lengths + 1
-        columns = slots[:, None] + lengths[:, None] * np.arange(int(cells.max()))
-        inside = columns < width
-        index = (rows[:, None] * width + columns)[inside]
-        self.writes.scatters.append((index, np.repeat(ids, cells).astype(np.int32)))
+        cells = self.writes.cells
+        for row, p, n, x in self.rotations:
+            cells.append(((row, slice(p, width, n)), x))
 
     def _write_row(self, row: int, ids: list[int]) -> None:
         group = self.group
