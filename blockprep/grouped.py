@@ -601,11 +601,6 @@ class _GroupPlanner:
             for row, ids in zip(whole_rows, whole_ids, strict=True):
                 self._check_row(row, ids)
                 self._write_row(row, ids)
-            if self.group.id_limit <= INTERNED_IDS:
-                whole_ids = [
-                    ids if row in self.padding_rows else list(map(_INTERNED.__getitem__, ids))
-                    for row, ids in zip(whole_rows, whole_ids, strict=True)
-                ]
         for row, ids in zip(whole_rows, whole_ids, strict=True):
             self.new_latest[row] = ids
             self.hints[row] = 0
@@ -686,27 +681,24 @@ class _GroupPlanner:
         ]
 
     def _block_ids(self) -> tuple[list[list[int]], npt.NDArray[np.int64]]:
-        """The whole rows' ids as plain ints and as one flat int64 array, in one NumPy conversion
-        when every id is an integer (NumPy's dtype says so; a bool can hide only in a row that
-        holds a 0 or a 1, which is looked at); row by row otherwise."""
-        raw = self.whole_ids
-        lengths = list(map(len, raw))
-        flat_ids = list(chain.from_iterable(raw))
+        """The whole paged rows' ids as plain ints and as one flat int64 array."""
+        lists = self._plain_ids()
         try:
-            array = np.array(flat_ids) if flat_ids else np.empty(0, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            array = np.empty(0, dtype=object)
-        if array.dtype.kind != "i" or _may_hide_bools(raw, lengths, array):
-            lists = self._row_ids()
             return lists, _flat_ids(lists)
-        values = array.tolist()  # plain ints, NumPy integers converted
-        lists = []
-        start = 0
+        except OverflowError:  # an id beyond int64: out of range
+            self._check_rows(self.whole_rows, lists)
+            raise
+
+    def _plain_ids(self) -> list[list[Any]]:
+        """The whole rows' ids as plain ints: copies of the caller's lists when one pass over
+        their types finds nothing but ints (the caller's int objects kept, so an engine that
+        passes the same objects again compares by identity), row by row otherwise."""
+        raw = self.whole_ids
+        if not set(map(type, chain.from_iterable(raw))) <= _INT:
+            return self._row_ids()
         padding = self.padding_rows
-        for row, ids, n in zip(self.whole_rows, raw, lengths, strict=True):
-            lists.append(ids if row in padding else values[start : start + n])
-            start += n
-        return lists, array.astype(np.int64, copy=False)
+        rows = self.whole_rows
+        return [ids if row in padding else ids[:] for row, ids in zip(rows, raw, strict=True)]
 
     def _held_ints(self, row: int, ids: list[Any], base: list[int] | None) -> list[int]:
         """``ids`` with every id equal to the held id at its position taken as the held int; any
@@ -777,22 +769,14 @@ class _GroupPlanner:
         return np.array(rows, dtype=np.intp), _paged_block(group, lengths, flat)
 
     def _ring_block(self) -> tuple[list[list[int]], list[_Tiling]]:
-        """Many whole ring rows: grouped by length, each length one NumPy conversion (NumPy's
-        dtype, and a look at rows holding a 0 or a 1, prove the ids integers; row by row
-        otherwise), checked per length (range, repeats by sorting each row), rendered as tilings."""
-        group, rows, raw = self.group, self.whole_rows, self.whole_ids
-        classes = _ring_classes(raw)
-        if classes is None:
-            lists = self._row_ids()
-            classes = _ring_classes(lists)
-            assert classes is not None  # plain ints now
-        else:
-            lists = list(raw)
-            padding = self.padding_rows
-            for members, ids in classes:
-                for i, values in zip(members, ids.tolist(), strict=True):
-                    if rows[i] not in padding:
-                        lists[i] = values
+        """Many whole ring rows: grouped by length, each length one NumPy conversion, checked per
+        length (range, repeats by sorting each row), rendered as tilings."""
+        group, rows = self.group, self.whole_rows
+        lists = self._plain_ids()
+        classes = _ring_classes(lists)
+        if classes is None:  # an id beyond int64: out of range
+            self._check_rows(rows, lists)
+            raise AssertionError("unreachable")
         checked = self._checked_mask(rows)
         for members, ids in classes:
             mine = ids[checked[members]]
@@ -978,18 +962,6 @@ def _flat_ids(lists: list[list[int]]) -> npt.NDArray[np.int64]:
     return np.fromiter(chain.from_iterable(lists), dtype=np.int64, count=total)
 
 
-def _may_hide_bools(
-    rows: list[list[Any]], lengths: list[int], array: npt.NDArray[np.int64]
-) -> bool:
-    """Whether a row that NumPy read as integers may hold a bool (or another non-int that NumPy
-    took for an integer): only rows holding a 0 or a 1 can, and only those are looked at."""
-    if not array.size or int(array.min()) > 1:
-        return False
-    ends = np.cumsum(lengths)
-    suspects = np.searchsorted(ends, np.flatnonzero(array <= 1), side="right")
-    return any(not set(map(type, rows[i])) <= _INT for i in set(suspects.tolist()))
-
-
 def _paged_block(
     group: TableGroup, lengths: npt.NDArray[np.int64], flat: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.int32]:
@@ -1006,25 +978,19 @@ class _RingClass(NamedTuple):
     ids: npt.NDArray[np.int64]  # [len(members), length]
 
 
-def _ring_classes(lists: Sequence[Sequence[Any]]) -> list[_RingClass] | None:
-    """``lists`` grouped by length, each group converted in one NumPy call; ``None`` when NumPy
-    does not read every id as an integer, or a row holding a 0 or a 1 may hide a bool."""
+def _ring_classes(lists: Sequence[Sequence[int]]) -> list[_RingClass] | None:
+    """``lists`` (plain ints) grouped by length, each group converted in one NumPy call;
+    ``None`` when an id does not fit int64."""
     by_length: dict[int, list[int]] = {}
     for i, row in enumerate(lists):
         by_length.setdefault(len(row), []).append(i)
     classes = []
     for n, members in by_length.items():
         try:
-            ids = np.array([lists[i] for i in members]) if n else np.empty((len(members), 0))
-        except (TypeError, ValueError, OverflowError):
+            ids = np.array([lists[i] for i in members], dtype=np.int64)
+        except OverflowError:
             return None
-        if n and (ids.dtype.kind != "i" or ids.ndim != 2):
-            return None
-        if n and int(ids.min()) <= 1:
-            suspects = np.flatnonzero((ids <= 1).any(axis=1)).tolist()
-            if any(not set(map(type, lists[members[i]])) <= _INT for i in suspects):
-                return None
-        classes.append(_RingClass(members, ids.astype(np.int64, copy=False)))
+        classes.append(_RingClass(members, ids.reshape(len(members), n)))
     return classes
 
 
