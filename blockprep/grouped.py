@@ -35,7 +35,7 @@ import operator
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -111,7 +111,9 @@ class BlockIdTypeError(TypeError):
 
 
 class BlockIdValueError(ValueError):
-    """A changed id out of range or repeated within its row, or a row of a bad length."""
+    """A changed id out of range or repeated within its row, or a row of a bad length.
+    ``row``, ``group`` and ``value`` as for :class:`BlockIdTypeError` (``value`` is ``None`` for a
+    bad length)."""
 
     def __init__(self, message: str, row: int, group: str, value: object) -> None:
         super().__init__(message)
@@ -811,21 +813,9 @@ class _GroupPlanner:
     def _check_length(self, row: int, n: int) -> None:
         group = self.group
         if n < group.shortest:
-            raise BlockIdValueError(
-                f"row has {n} blocks, minimum is {group.shortest} "
-                f"({self.place(row)}, group {group.name})",
-                row,
-                group.name,
-                n,
-            )
+            self._value_error(row, f"row has {n} blocks, minimum is {group.shortest}", None)
         if n > group.width:
-            raise BlockIdValueError(
-                f"row has {n} blocks, maximum is {group.width} "
-                f"({self.place(row)}, group {group.name})",
-                row,
-                group.name,
-                n,
-            )
+            self._value_error(row, f"row has {n} blocks, maximum is {group.width}", None)
 
     def _type_error(self, row: int, x: object) -> BlockIdTypeError:
         name = self.group.name
@@ -837,24 +827,17 @@ class _GroupPlanner:
             x,
         )
 
-    def _out_of_range(self, row: int, x: int) -> None:
-        group = self.group
-        raise BlockIdValueError(
-            f"block IDs must be in [0, {group.id_limit}) ({self.place(row)}, group {group.name}, "
-            f"id {x})",
-            row,
-            group.name,
-            x,
-        )
+    def _out_of_range(self, row: int, x: int) -> NoReturn:
+        self._value_error(row, f"block IDs must be in [0, {self.group.id_limit})", x)
 
-    def _repeat(self, row: int, x: int) -> None:
-        group = self.group
-        raise BlockIdValueError(
-            f"a row must not repeat block IDs ({self.place(row)}, group {group.name}, id {x})",
-            row,
-            group.name,
-            x,
-        )
+    def _repeat(self, row: int, x: int) -> NoReturn:
+        self._value_error(row, "a row must not repeat block IDs", x)
+
+    def _value_error(self, row: int, text: str, x: int | None) -> NoReturn:
+        """Raise ``text`` naming the place, the group and (when given) the id."""
+        name = self.group.name
+        place = f"{self.place(row)}, group {name}" + ("" if x is None else f", id {x}")
+        raise BlockIdValueError(f"{text} ({place})", row, name, x)
 
     # --- writes -----------------------------------------------------------------------------------
 
