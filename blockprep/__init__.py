@@ -5,7 +5,7 @@ persistent buffers that a compiled decode program reads.
 """
 
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
-from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError
+from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError, UnknownRowError
 from blockprep.buffers import DeviceMirror, host_tensor
 from blockprep.builders import paged_block_table, ring_block_table
 from blockprep.ids import INT32_MAX
@@ -22,6 +22,7 @@ __all__ = [
     "DeviceMirror",
     "PaddedTokenBuffer",
     "StaleRowError",
+    "UnknownRowError",
     "host_tensor",
     "paged_block_table",
     "paged_slot_mapping",

@@ -20,10 +20,10 @@ written. Not thread-safe: one writer at a time.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from itertools import compress
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import chain, compress
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -32,13 +32,16 @@ import torch
 from blockprep.buffers import host_tensor
 from blockprep.ids import (
     INT32_MAX,
+    NEGATIVE_ID_MESSAGE,
     Kind,
     as_int,
     check_length,
     check_max_blocks,
     check_pad,
     checked_ids,
+    has_integer_dtype,
     id_list,
+    is_integer_id,
     row_values,
 )
 from blockprep.tiling import tile_row
@@ -50,8 +53,25 @@ _CLEARED_RING: tuple[()] = ()
 """Cache entry of a cleared ring row: equal to no list, so every write to the row misses."""
 
 
+_T = TypeVar("_T")
+
+IdsLike = Sequence[int] | npt.NDArray[Any] | torch.Tensor
+"""Block ids or positions: a list, a tuple, a 1-D integer NumPy array or tensor."""
+
+RowItems = Mapping[int, _T] | Iterable[tuple[int, _T]]
+"""Per-row values of :meth:`BlockTable.apply_deltas`: a ``{row: value}`` mapping or pairs."""
+
+_INT_ONLY = {int}
+
+
 class StaleRowError(RuntimeError):
     """:meth:`BlockTable.check` found a row whose buffer content differs from its cached ids."""
+
+
+class UnknownRowError(ValueError):
+    """A delta (:meth:`BlockTable.append`, :meth:`~BlockTable.set_ids`,
+    :meth:`~BlockTable.truncate`, :meth:`~BlockTable.apply_deltas`) named a row whose ids the
+    table does not know: never written by it, or invalidated. Write the row whole first."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +154,8 @@ class BlockTable:
         # Per row: a copy of the ids the row holds, the cleared marker, or None (unknown).
         self._cached: list[Any] = [initial] * num_rows
         self._next_slot = [0] * num_rows  # ring rows: the slot most likely to rotate next
+        # Per row: how many ids it holds (0 when cleared or unknown), kept with every cache entry.
+        self._lengths = np.zeros(num_rows, dtype=np.int32)
         self._dirty: set[int] = set()
         self._hits = 0
         self._misses = 0
@@ -172,6 +194,16 @@ class BlockTable:
 
     def reset_stats(self) -> None:
         self._hits = self._misses = self._cells = 0
+
+    @property
+    def lengths(self) -> npt.NDArray[np.int32]:
+        """How many ids each row holds, int32 ``[num_rows]`` (0 for a cleared or unknown row).
+
+        A read-only view of the table's own array: it follows every later write.
+        """
+        view: npt.NDArray[np.int32] = self._lengths.view()
+        view.flags.writeable = False
+        return view
 
     def cached_ids(self, row: int) -> list[int] | None:
         """A copy of the ids row ``row`` holds (``[]`` when cleared), or ``None`` when unknown."""
@@ -242,6 +274,7 @@ class BlockTable:
             self._rows[dst] = self._rows[src]
             self._cached[dst] = None if source is None else source[:]
             self._next_slot[dst] = self._next_slot[src]
+            self._lengths[dst] = self._lengths[src]
             self._wrote(dst, self._max_blocks)
             written += 1
         return written
@@ -254,6 +287,7 @@ class BlockTable:
         self._rows[[a, b]] = self._rows[[b, a]]
         self._cached[a], self._cached[b] = self._cached[b], self._cached[a]
         self._next_slot[a], self._next_slot[b] = self._next_slot[b], self._next_slot[a]
+        self._lengths[[a, b]] = self._lengths[[b, a]]
         self._wrote(a, self._max_blocks)
         self._wrote(b, self._max_blocks)
         return True
@@ -272,6 +306,7 @@ class BlockTable:
             self._rows[row] = self._pad
             cells = self._max_blocks
         self._cached[row] = self._cleared
+        self._lengths[row] = 0
         self._wrote(row, cells)
         return True
 
@@ -282,8 +317,160 @@ class BlockTable:
         """
         if row is None:
             self._cached = [None] * self._num_rows
+            self._lengths[:] = 0
         else:
-            self._cached[self._row_index(row)] = None
+            row = self._row_index(row)
+            self._cached[row] = None
+            self._lengths[row] = 0
+
+    # --- deltas --------------------------------------------------------------------------------
+
+    def append(self, row: int, ids: IdsLike) -> int:
+        """Row ``row``'s id list grows by ``ids``; return the cells written.
+
+        A paged row writes only its new columns; a ring row's length changes, so it is re-tiled
+        whole (every column ``j % n`` moves). The row's ids must be known (written by this table
+        since it was made or last invalidated): :class:`UnknownRowError` otherwise. Appending
+        nothing writes nothing (a hit), and so does appending nothing to a cleared ring row.
+        """
+        if type(row) is not int or not 0 <= row < self._num_rows:
+            row = self._row_index(row)
+        cached = self._known(row)
+        values = self._delta_ids(row, ids)
+        if not values:
+            self._hits += 1
+            return 0
+        old = len(cached)
+        new = old + len(values)
+        check_length(row, new, self._max_blocks, self._kind)
+        if self._kind == "paged":
+            if new - old == 1:
+                self._flat[row * self._max_blocks + old] = values[0]
+            else:
+                self._rows[row, old:new] = values
+            if cached is self._cleared:
+                self._cached[row] = list(values)
+            else:
+                cached.extend(values)
+            cells = new - old
+        else:
+            grown = [*cached, *values]
+            tile_row(self._rows[row], np.array(grown, dtype=np.int32))
+            self._cached[row] = grown
+            self._next_slot[row] = 0
+            cells = self._max_blocks
+        self._lengths[row] = new
+        self._wrote(row, cells)
+        return cells
+
+    def set_ids(self, row: int, positions: IdsLike, ids: IdsLike) -> int:
+        """The ids at ``positions`` of row ``row``'s id list become ``ids``; return cells written.
+
+        A ring row's position ``p`` is ring slot ``p``: one strided write of the columns
+        ``j % n == p``; a paged row's is one cell. Positions are unique and within the row's
+        length; positions whose id does not change are left alone (all of them: a hit).
+        """
+        if type(row) is not int or not 0 <= row < self._num_rows:
+            row = self._row_index(row)
+        cached = self._known(row)
+        slots, values = self._delta_sets(row, positions, ids, len(cached))
+        changed = [(p, v) for p, v in zip(slots, values, strict=True) if cached[p] != v]
+        if not changed:
+            self._hits += 1
+            return 0
+        before = self._cells
+        if self._kind == "ring":
+            self._write_slots(row, cached, [p for p, _ in changed], [v for _, v in changed])
+        else:
+            begin = row * self._max_blocks
+            if len(changed) <= RING_SLOT_LOOP_MAX:
+                for p, v in changed:
+                    self._flat[begin + p] = v
+            else:
+                columns = [p for p, _ in changed]
+                self._rows[row, columns] = [v for _, v in changed]
+            for p, v in changed:
+                cached[p] = v
+            self._wrote(row, len(changed))
+        return self._cells - before
+
+    def truncate(self, row: int, length: int) -> int:
+        """Row ``row`` keeps the first ``length`` of its ids; return the cells written.
+
+        A paged row resets only its dropped tail to ``pad``; a ring row is re-tiled whole. A ring
+        row cannot be truncated to nothing (:meth:`clear_row` does that). Keeping every id is a
+        hit.
+        """
+        if type(row) is not int or not 0 <= row < self._num_rows:
+            row = self._row_index(row)
+        cached = self._known(row)
+        length = self._delta_length(row, length, len(cached))
+        old = len(cached)
+        if length == old:
+            self._hits += 1
+            return 0
+        if self._kind == "paged":
+            self._rows[row, length:old] = self._pad
+            if length:
+                del cached[length:]
+            else:
+                self._cached[row] = self._cleared
+            cells = old - length
+        else:
+            kept = cached[:length]
+            tile_row(self._rows[row], np.array(kept, dtype=np.int32))
+            self._cached[row] = kept
+            self._next_slot[row] = 0
+            cells = self._max_blocks
+        self._lengths[row] = length
+        self._wrote(row, cells)
+        return cells
+
+    def apply_deltas(
+        self,
+        *,
+        truncate: RowItems[int] = (),
+        set_ids: Iterable[tuple[int, IdsLike, IdsLike]] = (),
+        append: RowItems[IdsLike] = (),
+    ) -> int:
+        """Apply many rows' deltas at once; return the cells written.
+
+        ``truncate``: ``(row, length)`` pairs or a ``{row: length}`` mapping; ``set_ids``:
+        ``(row, positions, ids)`` triples; ``append``: ``(row, ids)`` pairs or a ``{row: ids}``
+        mapping. Each means what :meth:`truncate`, :meth:`set_ids` and :meth:`append` mean, in
+        that order: a row may appear once in each, its positions are those left after its
+        truncation, its appended ids follow them. All-or-nothing: every delta is checked before
+        anything is written. Then the buffer is written in a few NumPy calls (one per kind of
+        write: paged cells, paged tails reset, ring slots, ring rows re-tiled), whatever the
+        number of rows. A row whose deltas change nothing counts as a hit.
+        """
+        deltas: dict[int, _Delta] = {}
+        for row, length in _row_items(truncate):
+            delta = self._delta_entry(deltas, row, "truncate")
+            delta.keep = self._delta_length(delta.row, length, delta.keep)
+        for item in set_ids:
+            row, positions, ids = item
+            delta = self._delta_entry(deltas, row, "set_ids")
+            slots, values = self._delta_sets(delta.row, positions, ids, delta.keep)
+            cached = delta.cached
+            delta.sets = [(p, v) for p, v in zip(slots, values, strict=True) if cached[p] != v]
+        for row, ids in _row_items(append):
+            delta = self._delta_entry(deltas, row, "append")
+            delta.appended = self._delta_ids(delta.row, ids)
+            if delta.appended:
+                length = delta.keep + len(delta.appended)
+                check_length(delta.row, length, self._max_blocks, self._kind)
+        # Everything is checked: from here on nothing raises.
+        changed = [d for d in deltas.values() if d.changes()]
+        self._hits += len(deltas) - len(changed)
+        if not changed:
+            return 0
+        before = self._cells
+        if self._kind == "paged":
+            self._apply_paged(changed)
+        else:
+            self._apply_ring(changed)
+        return self._cells - before
 
     # --- inspection ------------------------------------------------------------------------------
 
@@ -323,6 +510,201 @@ class BlockTable:
                 f"block-table row {index} is out of range for a table of {self._num_rows} rows"
             )
         return index
+
+    def _known(self, row: int) -> Any:
+        """Row ``row``'s cache entry (a list, or a cleared marker); raises when it is unknown."""
+        cached = self._cached[row]
+        if cached is None:
+            raise UnknownRowError(
+                f"block-table row {row} holds unknown ids (never written by this table, or "
+                "invalidated): write the whole row with write_row() before a delta"
+            )
+        return cached
+
+    def _delta_ids(self, row: int, ids: object) -> list[int]:
+        """``ids`` of a delta on row ``row`` as plain checked ints (a list the caller may keep
+        using: read it, never store it); the module's errors naming the row and the id."""
+        if type(ids) is list:  # the common case: plain in-range ints, checked in C
+            if len(ids) == 1:
+                x = ids[0]
+                if type(x) is int and 0 <= x <= INT32_MAX:
+                    return ids
+            elif not ids or (
+                set(map(type, ids)) == _INT_ONLY and min(ids) >= 0 and max(ids) <= INT32_MAX
+            ):
+                return ids
+        label = _label(self._kind)
+        if isinstance(ids, (np.ndarray, torch.Tensor)):
+            if ids.ndim != 1:
+                shape = tuple(ids.shape)
+                raise ValueError(
+                    f"{label} row {row} ids must be one-dimensional, got shape {shape}"
+                )
+            if not has_integer_dtype(ids):
+                raise TypeError(
+                    f"{label} row {row} has dtype {ids.dtype}; block IDs must be integers"
+                )
+            values: list[Any] = ids.tolist()
+        elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            name = type(ids).__name__
+            raise TypeError(f"{label} row {row} ids must be a sequence of block IDs, got {name}")
+        else:
+            values = ids if type(ids) is list else list(ids)
+        if not values or (
+            set(map(type, values)) == _INT_ONLY and min(values) >= 0 and max(values) <= INT32_MAX
+        ):
+            return values
+        return [_delta_id(label, row, x) for x in values]
+
+    def _delta_sets(
+        self, row: int, positions: object, ids: object, length: int
+    ) -> tuple[list[int], list[int]]:
+        """Checked positions (unique, within ``length`` ids) and ids of a ``set_ids`` on ``row``."""
+        label = _label(self._kind)
+        if isinstance(positions, (np.ndarray, torch.Tensor)):
+            if positions.ndim != 1:
+                shape = tuple(positions.shape)
+                raise ValueError(
+                    f"{label} row {row} positions must be one-dimensional, got shape {shape}"
+                )
+            slots: list[Any] = positions.tolist()
+        elif isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence):
+            name = type(positions).__name__
+            raise TypeError(f"{label} row {row} positions must be a sequence of ints, got {name}")
+        else:
+            slots = positions if type(positions) is list else list(positions)
+        values = self._delta_ids(row, ids)
+        if len(slots) != len(values):
+            raise ValueError(
+                f"{label} row {row} has {len(slots)} positions but {len(values)} ids to set there"
+            )
+        if (
+            slots
+            and set(map(type, slots)) == _INT_ONLY
+            and min(slots) >= 0
+            and max(slots) < length
+            and len(set(slots)) == len(slots)
+        ):
+            return slots, values
+        seen: set[int] = set()
+        for p in slots:
+            index = as_int(p, f"{label} row {row} position")
+            if not 0 <= index < length:
+                raise IndexError(
+                    f"{label} row {row} position {index} is out of range for its {length} ids"
+                )
+            if index in seen:
+                raise ValueError(f"{label} row {row} position {index} is given more than once")
+            seen.add(index)
+        return [operator.index(p) for p in slots], values
+
+    def _delta_length(self, row: int, length: object, old: int) -> int:
+        """A checked ``truncate`` length for ``row``, which holds ``old`` ids."""
+        label = _label(self._kind)
+        keep = as_int(length, f"{label} row {row} truncate length")
+        if not 0 <= keep <= old:
+            raise ValueError(f"{label} row {row} cannot be truncated to {keep} ids: it holds {old}")
+        if keep == 0 and old and self._kind == "ring":
+            raise ValueError(
+                f"ring block-table row {row} cannot be truncated to 0 ids; use clear_row()"
+            )
+        return keep
+
+    def _delta_entry(self, deltas: dict[int, _Delta], row: object, what: str) -> _Delta:
+        """The pending delta of ``row`` in an :meth:`apply_deltas` call (made on first use)."""
+        index = row if type(row) is int and 0 <= row < self._num_rows else self._row_index(row)
+        delta = deltas.get(index)
+        if delta is None:
+            cached = self._known(index)
+            delta = deltas[index] = _Delta(index, cached, len(cached))
+        if what in delta.kinds:
+            raise ValueError(
+                f"{_label(self._kind)} row {index} appears more than once in {what} "
+                "(one delta of each kind per row and call)"
+            )
+        delta.kinds.add(what)
+        return delta
+
+    def _settle(self, delta: _Delta) -> list[int]:
+        """Give ``delta.row`` its new cache entry, length and counters (not the buffer)."""
+        row, cached = delta.row, delta.cached
+        ids = cached if type(cached) is list and cached is not self._cleared else list(cached)
+        del ids[delta.keep :]
+        for p, v in delta.sets:
+            ids[p] = v
+        ids.extend(delta.appended)
+        self._cached[row] = ids if ids else self._cleared
+        self._lengths[row] = len(ids)
+        return ids
+
+    def _apply_paged(self, changed: list[_Delta]) -> None:
+        """Paged rows: new cells in one scatter, dropped tails reset in another. Never raises."""
+        width = self._max_blocks
+        cells: list[int] = []  # set_ids cells, then the appended spans
+        values: list[int] = []  # their ids, in the same order
+        appended: list[int] = []
+        starts, counts, tails, tail_counts = [], [], [], []
+        for delta in changed:
+            begin = delta.row * width
+            old, keep = len(delta.cached), delta.keep
+            new = keep + len(delta.appended)
+            for p, v in delta.sets:
+                cells.append(begin + p)
+                values.append(v)
+            if delta.appended:
+                starts.append(begin + keep)
+                counts.append(len(delta.appended))
+                appended.extend(delta.appended)
+            if new < old:
+                tails.append(begin + new)
+                tail_counts.append(old - new)
+            self._settle(delta)
+            self._wrote(delta.row, len(delta.sets) + len(delta.appended) + max(old - new, 0))
+        if tails:
+            self._flat[_spans(tails, tail_counts)] = self._pad
+        if cells or appended:
+            index = np.concatenate([np.array(cells, dtype=np.int64), _spans(starts, counts)])
+            self._flat[index] = np.array(values + appended, dtype=np.int32)
+
+    def _apply_ring(self, changed: list[_Delta]) -> None:
+        """Ring rows: those of a new length re-tiled in one gather, the others' changed slots in
+        one strided scatter. Never raises."""
+        width = self._max_blocks
+        tiled_rows: list[int] = []
+        tiled: list[list[int]] = []
+        starts: list[int] = []
+        counts: list[int] = []
+        steps: list[int] = []
+        values: list[int] = []
+        for delta in changed:
+            row, old = delta.row, len(delta.cached)
+            ids = self._settle(delta)
+            n = len(ids)
+            if delta.keep != old or delta.appended:  # a new length, at least for a moment
+                tiled_rows.append(row)
+                tiled.append(ids)
+                self._next_slot[row] = 0
+                self._wrote(row, width)
+                continue
+            written = 0
+            for p, v in delta.sets:
+                count = (width - 1 - p) // n + 1
+                starts.append(row * width + p)
+                counts.append(count)
+                steps.append(n)
+                values.append(v)
+                written += count
+            self._next_slot[row] = (delta.sets[-1][0] + 1) % n
+            self._wrote(row, written)
+        if tiled_rows:
+            lengths = np.array(list(map(len, tiled)), dtype=np.int64)
+            offsets = np.cumsum(lengths) - lengths
+            flat_ids = np.array(list(chain.from_iterable(tiled)), dtype=np.int32)
+            index = np.arange(width)[None, :] % lengths[:, None] + offsets[:, None]
+            self._rows[tiled_rows] = flat_ids[index]
+        if starts:
+            index = _spans(starts, counts, steps)
+            self._flat[index] = np.repeat(np.array(values, dtype=np.int32), counts)
 
     def _decide(self, row: int, ids: Any) -> int | _Plan | None:
         """What writing ``ids`` into ``row`` takes, checked, nothing changed (callers have ruled
@@ -463,6 +845,7 @@ class BlockTable:
             dst[n:] = self._pad
         self._cached[row] = plan.ids
         self._next_slot[row] = 0
+        self._lengths[row] = len(plan.ids)
         self._wrote(row, self._max_blocks)
 
     def _write_slots(self, row: int, ids: list[Any], slots: list[int], values: Any) -> None:
@@ -498,6 +881,7 @@ class BlockTable:
         if old_length > new_length:
             dst[new_length:old_length] = self._pad
         self._cached[row] = plan.ids[:]
+        self._lengths[row] = new_length
         self._wrote(row, max(new_length, old_length) - start)
 
     def _wrote(self, row: int, cells: int) -> None:
@@ -514,6 +898,59 @@ class BlockTable:
         else:
             dst[: len(cached)] = cached
             dst[len(cached) :] = self._pad
+
+
+@dataclass(eq=False, slots=True)
+class _Delta:
+    """One row's pending deltas in :meth:`BlockTable.apply_deltas`: its cache entry, the length
+    it keeps, the ``(position, id)`` pairs that change and the ids appended."""
+
+    row: int
+    cached: Any
+    keep: int
+    sets: list[tuple[int, int]] = field(default_factory=list)
+    appended: list[int] = field(default_factory=list)
+    kinds: set[str] = field(default_factory=set)
+
+    def changes(self) -> bool:
+        return bool(self.sets or self.appended or self.keep != len(self.cached))
+
+
+def _row_items(items: RowItems[_T]) -> Iterable[tuple[int, _T]]:
+    """``(row, value)`` pairs from a mapping or an iterable of pairs."""
+    if isinstance(items, Mapping):
+        return items.items()
+    return items
+
+
+def _spans(
+    starts: Sequence[int], counts: Sequence[int], steps: Sequence[int] | None = None
+) -> npt.NDArray[np.int64]:
+    """Flat indices ``starts[i] + steps[i] * k`` for ``k < counts[i]``, span after span."""
+    count = np.array(counts, dtype=np.int64)
+    total = int(count.sum())
+    local = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    if steps is not None:
+        local *= np.repeat(np.array(steps, dtype=np.int64), count)
+    result: npt.NDArray[np.int64] = np.repeat(np.array(starts, dtype=np.int64), count) + local
+    return result
+
+
+def _label(kind: Kind) -> str:
+    return "ring block-table" if kind == "ring" else "block-table"
+
+
+def _delta_id(label: str, row: int, x: object) -> int:
+    """One id of a delta on ``row``, checked: errors name the row and the id."""
+    if not is_integer_id(x):
+        name = type(x).__name__
+        raise TypeError(f"{label} row {row} holds {x!r} of type {name}; block IDs must be integers")
+    value = operator.index(x)  # type: ignore[arg-type]
+    if value < 0:
+        raise ValueError(f"{NEGATIVE_ID_MESSAGE} ({label} row {row}, id {value})")
+    if value > INT32_MAX:
+        raise ValueError(f"{label} row {row} holds block ID {value}, maximum is {INT32_MAX}")
+    return value
 
 
 class _Plan(NamedTuple):
