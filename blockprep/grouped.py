@@ -56,8 +56,9 @@ BLOCK_RENDER_MIN_ROWS = 8
 renders them in one block (fewer: row by row, cheaper below this count)."""
 
 INTERNED_IDS = 1 << 16
-"""Ids below this are recorded as one shared int object per value: the state compared every step
-then sits in one compact table instead of in objects scattered over every batch ever received."""
+"""Changed ids below this are recorded as one shared int object per value, so the ids compared
+every step do not end up in objects scattered over every batch ever received (whole rows keep the
+caller's int objects: an engine that passes the same objects again compares by identity)."""
 
 _INT = {int}
 _INTERNED = list(range(INTERNED_IDS))
@@ -488,7 +489,6 @@ class _GroupPlanner:
         self.whole_rows: list[int] = []
         self.whole_ids: list[list[Any]] = []
         self.whole_bases: list[list[int] | None] = []
-        self.rotations: list[tuple[int, int, int, int]] = []  # ring (row, slot, length, id)
         self.padding_rows: set[int] = set()
         self.lengths: list[tuple[int, int]] = []
         self.rows_written = 0
@@ -512,7 +512,6 @@ class _GroupPlanner:
         )
         group = self.group
         limit, width, ring = group.id_limit, group.width, group.kind == "ring"
-        rotations = self.rotations
         written = cell_count = 0
         for row in changed:
             ids = column[row]
@@ -538,7 +537,7 @@ class _GroupPlanner:
                         hints[row] = p + 1 if p + 1 < n else 0
                         written += 1
                         if ring:
-                            rotations.append((row, p, n, x))
+                            cells.append(((row, slice(p, width, n)), x))
                             cell_count += (width - 1 - p) // n + 1
                         else:
                             cells.append(((row, p), x))
@@ -590,7 +589,6 @@ class _GroupPlanner:
     ) -> tuple[_GroupWrites, list[list[int] | None], list[tuple[int, int]]]:
         """The group's writes, its rows' ids after the step, and ``(row, length)`` of every row
         whose length may have changed."""
-        self._rotations()
         whole_rows = self.whole_rows
         if len(whole_rows) >= self.block_rows and self.group.kind == "ring":
             whole_ids, tilings = self._ring_block()
@@ -840,13 +838,6 @@ class _GroupPlanner:
         raise BlockIdValueError(f"{text} ({place})", row, name, x)
 
     # --- writes -----------------------------------------------------------------------------------
-
-    def _rotations(self) -> None:
-        """Rotated ring slots: one strided write each."""
-        width = self.group.width
-        cells = self.writes.cells
-        for row, p, n, x in self.rotations:
-            cells.append(((row, slice(p, width, n)), x))
 
     def _write_row(self, row: int, ids: list[int]) -> None:
         group = self.group
