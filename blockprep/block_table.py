@@ -534,45 +534,41 @@ class BlockTable:
             ):
                 return ids
         label = _label(self._kind)
-        if isinstance(ids, (np.ndarray, torch.Tensor)):
-            if ids.ndim != 1:
-                shape = tuple(ids.shape)
-                raise ValueError(
-                    f"{label} row {row} ids must be one-dimensional, got shape {shape}"
-                )
-            if not has_integer_dtype(ids):
-                raise TypeError(
-                    f"{label} row {row} has dtype {ids.dtype}; block IDs must be integers"
-                )
-            values: list[Any] = ids.tolist()
-        elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-            name = type(ids).__name__
-            raise TypeError(f"{label} row {row} ids must be a sequence of block IDs, got {name}")
-        else:
-            values = ids if type(ids) is list else list(ids)
+        values = self._delta_list(row, ids, "ids", "block IDs")
         if not values or (
             set(map(type, values)) == _INT_ONLY and min(values) >= 0 and max(values) <= INT32_MAX
         ):
             return values
         return [_delta_id(label, row, x) for x in values]
 
+    def _delta_list(self, row: int, values: object, what: str, items: str) -> list[Any]:
+        """``values`` (a sequence, or a 1-D array or tensor) of a delta on ``row`` as a list;
+        ``TypeError`` or ``ValueError`` naming the row. An array of ids must have an integer
+        dtype."""
+        label = _label(self._kind)
+        if isinstance(values, (np.ndarray, torch.Tensor)):
+            if values.ndim != 1:
+                shape = tuple(values.shape)
+                raise ValueError(
+                    f"{label} row {row} {what} must be one-dimensional, got shape {shape}"
+                )
+            if what == "ids" and not has_integer_dtype(values):
+                raise TypeError(
+                    f"{label} row {row} has dtype {values.dtype}; block IDs must be integers"
+                )
+            listed: list[Any] = values.tolist()
+            return listed
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            name = type(values).__name__
+            raise TypeError(f"{label} row {row} {what} must be a sequence of {items}, got {name}")
+        return values if type(values) is list else list(values)
+
     def _delta_sets(
         self, row: int, positions: object, ids: object, length: int
     ) -> tuple[list[int], list[int]]:
         """Checked positions (unique, within ``length`` ids) and ids of a ``set_ids`` on ``row``."""
         label = _label(self._kind)
-        if isinstance(positions, (np.ndarray, torch.Tensor)):
-            if positions.ndim != 1:
-                shape = tuple(positions.shape)
-                raise ValueError(
-                    f"{label} row {row} positions must be one-dimensional, got shape {shape}"
-                )
-            slots: list[Any] = positions.tolist()
-        elif isinstance(positions, (str, bytes)) or not isinstance(positions, Sequence):
-            name = type(positions).__name__
-            raise TypeError(f"{label} row {row} positions must be a sequence of ints, got {name}")
-        else:
-            slots = positions if type(positions) is list else list(positions)
+        slots = self._delta_list(row, positions, "positions", "ints")
         values = self._delta_ids(row, ids)
         if len(slots) != len(values):
             raise ValueError(
