@@ -221,7 +221,9 @@ class GroupedTables:
             raise ValueError(f"slots must be positive, got {slots}")
         self._groups = groups
         self._num_rows = num_rows
-        self._block_rows = max(1, as_int(block_rows, "block_rows"))
+        self._block_rows = as_int(block_rows, "block_rows")
+        if self._block_rows < 1:
+            raise ValueError(f"block_rows must be positive, got {self._block_rows}")
         self._row_range = range(num_rows)
         self._slots = [_SlotState(groups, num_rows, share_memory) for _ in range(slots)]
         self._latest: tuple[list[list[int] | None], ...] = tuple([None] * num_rows for _ in groups)
@@ -247,11 +249,11 @@ class GroupedTables:
 
     def tables(self, slot: int) -> dict[str, torch.Tensor]:
         """Slot ``slot``'s tables by group name: int32 ``[num_rows, width]`` (the buffers)."""
-        return dict(self._slots[slot].tables)
+        return dict(self._state(slot).tables)
 
     def counts(self, slot: int) -> torch.Tensor:
         """Slot ``slot``'s int32 ``[num_rows, groups]`` ids-per-row table (the buffer)."""
-        return self._slots[slot].counts
+        return self._state(slot).counts
 
     def latest_ids(self, group: int, row: int) -> list[int] | None:
         """A copy of the ids ``row`` holds in ``group`` as of the latest commit (``None``: none)."""
@@ -263,7 +265,7 @@ class GroupedTables:
         it wrote (replayed writes included), ``cells_written``."""
         return {
             g.name: BlockTableStats(*counters)
-            for g, counters in zip(self._groups, self._slots[slot].stats, strict=True)
+            for g, counters in zip(self._groups, self._state(slot).stats, strict=True)
         }
 
     def reset_stats(self) -> None:
@@ -273,7 +275,7 @@ class GroupedTables:
     def invalidate(self, slot: int | None = None) -> None:
         """Forget what ``slot``'s buffers (every slot's with ``None``) hold, for when something
         else wrote them: its next commit rewrites every row from the latest ids."""
-        for state in self._slots if slot is None else [self._slots[slot]]:
+        for state in self._slots if slot is None else [self._state(slot)]:
             state.backlog = None
             state.counts_from = None
 
@@ -390,7 +392,7 @@ class GroupedTables:
         """
         if step.version != self._version:
             raise ValueError("a GroupedStep must be committed once, before the next plan")
-        state = self._slots[slot]
+        state = self._state(slot)
         if state.backlog is None:
             self._render_all(state, step.latest)
         else:
@@ -413,6 +415,13 @@ class GroupedTables:
         self._counts = step.counts
         self._lengths = step.lengths
         self._version += 1
+
+    def _state(self, slot: int) -> _SlotState:
+        """Slot ``slot``; ``IndexError`` (or ``TypeError``) for anything but one of them."""
+        index = as_int(slot, "slot")
+        if not 0 <= index < len(self._slots):
+            raise IndexError(f"slot {slot} out of range: there are {len(self._slots)} slots")
+        return self._slots[index]
 
     def _apply(self, state: _SlotState, step: GroupedStep) -> None:
         rows = self._num_rows
@@ -621,8 +630,8 @@ class _GroupPlanner:
         new = base[:]
         for p in positions:
             new[p] = _interned(self._new_id(row, ids[p]))
-        if len(positions) == 1:
-            if ids.count(new[positions[0]]) != 1:
+        if len(positions) == 1:  # as the inline path: a new id repeats iff the row holds it
+            if new[positions[0]] in base:
                 self._repeat(row, new[positions[0]])
         elif len(set(new)) != len(new):
             self._repeat(row, _first_repeat(new))

@@ -1067,3 +1067,23 @@ def test_padding_rows_are_trusted_and_requests_on_them_checked() -> None:
     step(gt, rows, ["a", "b", "c"])
     assert_slot(gt, 0, rows)
     assert_latest(gt, rows)
+
+
+def test_a_bad_slot_or_block_rows_is_refused_before_anything_is_written() -> None:
+    gt = GroupedTables([RING, PAGED], 3, slots=2)
+    keys = ["a", "b", "c"]
+    step(gt, [[[1, 2], [3], [4]], [[5], [6], [7]]], keys, slot=0)
+    before = [t.clone() for s in (0, 1) for t in gt.tables(s).values()]
+    planned = gt.plan([[[1, 9], [3], [4]], [[5], [6], [7]]], keys)
+    for bad in (-1, 2, 1.0):
+        with pytest.raises((IndexError, TypeError)):
+            gt.commit(planned, bad)  # type: ignore[arg-type]
+    after = [t.clone() for s in (0, 1) for t in gt.tables(s).values()]
+    assert all(torch.equal(x, y) for x, y in zip(before, after, strict=True))
+    gt.commit(planned, 1)  # the plan is still good
+    assert gt.latest_ids(0, 0) == [1, 9]
+    for bad in (-1, 2):
+        with pytest.raises(IndexError):
+            gt.tables(bad)
+    with pytest.raises(ValueError, match="block_rows must be positive"):
+        GroupedTables([RING], 2, block_rows=0)

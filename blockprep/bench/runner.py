@@ -184,13 +184,14 @@ def time_workload(
             for name, make in workload.constructions.items()
         }
         order = list(lanes.values())
-        if not interleaved:
+        if interleaved:
+            for index in range(steps):
+                for offset in range(len(order)):
+                    order[(index + offset) % len(order)].time_next()
+        else:
             for lane in order:
                 for _ in range(steps):
                     lane.time_next()
-        for index in range(steps if interleaved else 0):
-            for offset in range(len(order)):
-                order[(index + offset) % len(order)].time_next()
     return {name: lane.timing() for name, lane in lanes.items()}
 
 

@@ -42,7 +42,6 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
             A = len(request_ids)
             now = [request_ids[q] if q < A else None for q in cached.perm]
             return _replace(cached, request_ids=list(request_ids), occupants=now)
-            return cached
     A = len(request_ids)
     if A <= 0:
         raise ValueError("DeepSeekV4 decode batch must not be empty")
@@ -72,7 +71,7 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
         perm[row] = q
         occupants[row] = request_ids[q]
         source[row] = q
-    assignment = Assignment(
+    return Assignment(
         list(request_ids),
         list(partitions),
         tuple(ranks),
@@ -84,7 +83,6 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
         np.array(rows, dtype=np.intp),
         R * b == A and perm == list(range(R * b)),
     )
-    return assignment
 
 
 def _partition_index(partition: object) -> int:

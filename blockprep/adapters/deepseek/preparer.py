@@ -26,7 +26,6 @@ from blockprep.batch import DecodeBatch
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import host_tensor
 from blockprep.grouped import (
-    BlockIdTypeError,
     BlockIdValueError,
     GroupedStep,
     GroupedTables,
@@ -402,12 +401,10 @@ class DeepSeekV4DecodePreparer:
             return self._tables.plan(
                 columns, assignment.occupants, lambda r: f"decode row {perm[r]}"
             )
-        except (BlockIdTypeError, BlockIdValueError) as error:
+        except (KeyError, TypeError, BlockIdValueError) as error:
+            # the id rule, or a row that is no mapping, a group missing: upstream's error first
             _raise_first(upstream_error(self.layout, batch, assignment))
             raise error from None
-        except (KeyError, TypeError):  # a row that is no mapping, a group missing
-            _raise_first(upstream_error(self.layout, batch, assignment))
-            raise
 
     def _seq_lens(self, batch: DecodeBatch, A: int) -> npt.NDArray[np.int64]:
         seq = _integer_array(batch.seq_lens, "seq_lens")
