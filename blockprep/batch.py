@@ -7,7 +7,7 @@ persistent decode buffers and hands them to a :class:`DecodeExecutor`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -30,6 +30,9 @@ class DecodeBatch:
     - ``cache_partitions``: per request, the rank (KV partition) that holds it, or ``None``.
     - ``prev_token_ids`` ``[A]`` and ``prev_hidden_states`` ``[A, hidden]``: the token at position
       ``seq_len - 2`` and its embedding, for MTP decoders; ``None`` otherwise.
+    - ``block_deltas``: blockprep's own field (after upstream's): a :mod:`blockprep.wire` message
+      carrying what changed in the block lists since the worker's last step, instead of
+      ``block_ids`` / ``block_ids_by_group`` (leave those empty); ``None`` otherwise.
     """
 
     request_ids: list[str]
@@ -41,6 +44,7 @@ class DecodeBatch:
     cache_partitions: list[int | None] = field(default_factory=list)
     prev_token_ids: torch.Tensor | None = None
     prev_hidden_states: torch.Tensor | None = None
+    block_deltas: dict[str, Any] | None = None
 
 
 @dataclass

@@ -32,9 +32,9 @@ then ``pad``.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress
+from itertools import chain, compress, count
 from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
@@ -45,6 +45,15 @@ from blockprep.block_table import BlockTableStats
 from blockprep.buffers import host_tensor
 from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
 from blockprep.tiling import tile_rows
+from blockprep.wire import (
+    APPEND,
+    SET,
+    TRUNCATE,
+    DeltaMessageError,
+    apply_ops,
+    set_positions,
+    truncated_length,
+)
 
 MAX_REPLAY_STEPS = 8
 """A slot more steps behind than this is re-rendered from the latest ids at its next commit."""
@@ -149,6 +158,16 @@ class _GroupWrites(NamedTuple):
     cells: list[tuple[tuple[int, slice | int], Any]]
     rows: int
     cell_count: int
+
+
+class _GroupResult(NamedTuple):
+    """One group's planned step: its writes, every row's ids after it, ``(row, length)`` of
+    the rows whose length may have changed, and every row's hint."""
+
+    writes: _GroupWrites
+    latest: list[list[int] | None]
+    lengths: list[tuple[int, int]]
+    hints: list[int]
 
 
 @dataclass(frozen=True, eq=False)
@@ -316,25 +335,8 @@ class GroupedTables:
         n_rows = self._num_rows
         if len(rows) != len(self._groups):
             raise ValueError(f"rows must hold {len(self._groups)} groups, got {len(rows)}")
-        keys = list(keys)
-        if len(keys) != n_rows:
-            raise ValueError(f"keys must hold {n_rows} rows, got {len(keys)}")
-        previous = self._keys
-        bases: dict[int, int | None] = {}  # row -> the row its request held, None: a new request
-        fresh: list[int] = []  # rows that held padding and now hold a request
-        if keys != previous:
-            held_at = {key: row for row, key in enumerate(previous) if key is not None}
-            for row, (old, new) in enumerate(zip(previous, keys, strict=True)):
-                if new is not None and new != old:
-                    bases[row] = held_at.get(new)
-                    if old is None:
-                        fresh.append(row)
-        counts = self._counts
-        new_counts: npt.NDArray[np.int32] | None = None
-        latest_out: list[list[list[int] | None]] = []
-        hints_out: list[list[int]] = []
-        lengths_out: list[list[int]] = []
-        writes_out: list[_GroupWrites | None] = []
+        keys, bases, fresh = self._key_changes(keys)
+        results: list[_GroupResult | None] = []
         for gi, group in enumerate(self._groups):
             column = rows[gi]
             if len(column) != n_rows:
@@ -350,16 +352,132 @@ class GroupedTables:
                 raise _incomparable(column, group, place) from None
             if fresh:  # a request on a former padding row: its ids were never checked
                 changed = sorted(set(changed).union(fresh))
-            held_lengths = self._lengths[gi]
             if not changed:
-                latest_out.append(latest)
+                results.append(None)
+                continue
+            planner = _GroupPlanner(group, latest, self._hints[gi], place, self._block_rows)
+            planner.rows(changed, column, keys, bases)
+            results.append(planner.finish())
+        return self._step(keys, results)
+
+    def plan_deltas(
+        self,
+        changes: Sequence[Mapping[int, Any]],
+        keys: Sequence[Hashable | None],
+        padding: Callable[[int, int], list[int]],
+        place: Callable[[int], str] = default_place,
+        *,
+        whole: bool = False,
+    ) -> GroupedStep:
+        """Decide and check one step given as changes (:mod:`blockprep.wire` operations); write
+        nothing. Its cost follows the changes, not the size of the tables.
+
+        Args:
+            changes: per group (in :attr:`groups` order), ``{row: ops}``: the operations that
+                take the ids the row's request held (in whichever row it held them) to its ids
+                now. A request's row without ops holds what its request held (a request that
+                moved is a row copy); a request new to the tables needs ops that start whole.
+            keys: per row, the key of the request that occupies it, or ``None`` for padding.
+            padding: ``padding(group, row)``, a padding row's ids (trusted; the same list
+                object for the same ids): looked up for every padding row when the keys
+                changed, and written where the row does not hold that very list.
+            place: names a table row in error messages.
+            whole: every request starts anew (a message that builds on nothing): each of its
+                groups needs ops that start whole, whatever the tables hold.
+
+        Raises:
+            DeltaMessageError: ops that do not fit the held ids, a new request without a whole
+                list, ops for a padding row (the place, group and request named).
+            BlockIdTypeError, BlockIdValueError, ValueError: as :meth:`plan`.
+        """
+        if len(changes) != len(self._groups):
+            raise ValueError(f"changes must hold {len(self._groups)} groups, got {len(changes)}")
+        previous = self._keys
+        keys, bases, _ = self._key_changes(keys)
+        if whole:
+            bases = {row: None for row, key in enumerate(keys) if key is not None}
+        padding_rows: list[int] = []  # their ids may change only when the keys do
+        if keys is not previous or None in self._latest[0]:
+            padding_rows = [row for row, key in enumerate(keys) if key is None]
+        moved = sorted(bases)
+        results: list[_GroupResult | None] = []
+        for gi, group in enumerate(self._groups):
+            group_changes = changes[gi]
+            if not (group_changes or moved or padding_rows):
+                results.append(None)
+                continue
+            latest = self._latest[gi]
+            planner = _GroupPlanner(group, latest, self._hints[gi], place, self._block_rows)
+            rows: Iterable[int] = group_changes.keys()
+            if moved or padding_rows:
+                rows = set(rows).union(moved, padding_rows)
+            for row in sorted(rows):  # in table order, as the whole-row renderers expect
+                key = keys[row]
+                ops = group_changes.get(row)
+                if key is None:
+                    if ops is not None:
+                        raise DeltaMessageError(
+                            f"block delta ops for a padding row ({_where(place, row, group, key)})"
+                        )
+                    ids = padding(gi, row)
+                    if latest[row] is not ids:
+                        planner.padding(row, ids)
+                    continue
+                src = bases.get(row, row) if bases else row
+                held = None if src is None else latest[src]
+                src = None if src == row else src
+                if ops is not None:
+                    planner.delta(row, ops, src, held, key)
+                elif held is None:
+                    raise DeltaMessageError(
+                        f"a request new to the worker must come with its whole list "
+                        f"({_where(place, row, group, key)})"
+                    )
+                else:  # a request that moved: a row copy
+                    planner.occupant(row, held, src, held)
+            results.append(planner.finish())
+        return self._step(keys, results)
+
+    def _key_changes(
+        self, keys: Sequence[Hashable | None]
+    ) -> tuple[list[Hashable | None], dict[int, int | None], list[int]]:
+        """``keys`` as a list (the held list itself when unchanged); per row whose key changed
+        to a request, the row its request held (``None``: new); the rows that held padding and
+        now hold a request."""
+        n_rows = self._num_rows
+        keys = list(keys)
+        if len(keys) != n_rows:
+            raise ValueError(f"keys must hold {n_rows} rows, got {len(keys)}")
+        previous = self._keys
+        bases: dict[int, int | None] = {}  # row -> the row its request held, None: a new request
+        fresh: list[int] = []  # rows that held padding and now hold a request
+        if keys == previous:
+            return previous, bases, fresh
+        held_at = {key: row for row, key in enumerate(previous) if key is not None}
+        for row, (old, new) in enumerate(zip(previous, keys, strict=True)):
+            if new is not None and new != old:
+                bases[row] = held_at.get(new)
+                if old is None:
+                    fresh.append(row)
+        return keys, bases, fresh
+
+    def _step(self, keys: list[Hashable | None], results: list[_GroupResult | None]) -> GroupedStep:
+        """The planned step from each group's result (``None``: the group is unchanged)."""
+        counts = self._counts
+        new_counts: npt.NDArray[np.int32] | None = None
+        latest_out: list[list[list[int] | None]] = []
+        hints_out: list[list[int]] = []
+        lengths_out: list[list[int]] = []
+        writes_out: list[_GroupWrites | None] = []
+        for gi, result in enumerate(results):
+            held_lengths = self._lengths[gi]
+            if result is None:
+                latest_out.append(self._latest[gi])
                 hints_out.append(self._hints[gi])
                 lengths_out.append(held_lengths)
                 writes_out.append(None)
                 continue
-            planner = _GroupPlanner(group, latest, self._hints[gi], place, self._block_rows)
-            planner.rows(changed, column, keys, bases)
-            writes, new_latest, lengths = planner.finish()
+            writes, new_latest, lengths, hints = result
             grown = [(row, n) for row, n in lengths if held_lengths[row] != n]
             if grown:
                 held_lengths = held_lengths[:]
@@ -370,7 +488,7 @@ class GroupedTables:
                     new_counts[row, gi] = n
             lengths_out.append(held_lengths)
             latest_out.append(new_latest)
-            hints_out.append(planner.hints)
+            hints_out.append(hints)
             writes_out.append(writes)
         return GroupedStep(
             latest=tuple(latest_out),
@@ -537,10 +655,16 @@ class _GroupPlanner:
             base = latest[row]
             if base is not None and len(ids) == len(base) > (p := hints[row]):
                 x = ids[p]
+                if type(x) is int and x == base[p]:  # another slot rotated: find it, in C
+                    p = _single_difference(ids, base)
+                    x = ids[p] if p >= 0 else None
+                    same = True
+                else:
+                    same = False
                 if type(x) is int:
                     new = base[:]
                     new[p] = _INTERNED[x] if 0 <= x < INTERNED_IDS else x
-                    if ids == new and 0 <= x < limit and x not in base:
+                    if (same or ids == new) and 0 <= x < limit and x not in base:
                         n = len(new)
                         new_latest[row] = new
                         hints[row] = p + 1 if p + 1 < n else 0
@@ -593,11 +717,84 @@ class _GroupPlanner:
                 return
         self._whole(row, ids, base)
 
-    def finish(
-        self,
-    ) -> tuple[_GroupWrites, list[list[int] | None], list[tuple[int, int]]]:
-        """The group's writes, its rows' ids after the step, and ``(row, length)`` of every row
-        whose length may have changed."""
+    def delta(
+        self, row: int, ops: object, src: int | None, base: list[int] | None, key: Hashable
+    ) -> None:
+        """A request's row given as :mod:`blockprep.wire` operations on ``base``, the ids its
+        request held (at row ``src`` when it moved; ``None``: new). One operation setting
+        positions, appending, or truncating a paged row goes straight to its writes; anything
+        else is applied to a copy and decided by value."""
+        group = self.group
+        if src is None and base is not None and type(ops) is list and len(ops) == 1:
+            op = ops[0]  # the steady step: one ring slot (or page) set to a new id, in place
+            if type(op) is list and len(op) == 3 and op[0] == SET:
+                positions, values = op[1], op[2]
+                if type(positions) is list and type(values) is list and len(values) == 1:
+                    p, x = positions[0] if len(positions) == 1 else None, values[0]
+                    if (
+                        type(p) is int
+                        and type(x) is int
+                        and 0 <= p < len(base)
+                        and 0 <= x < group.id_limit
+                        and x not in base
+                    ):
+                        self._set_one(row, base, p, x)
+                        return
+        try:
+            if base is not None and type(ops) is list and len(ops) == 1 and type(ops[0]) is list:
+                op = ops[0]
+                tag = op[0] if op else None
+                if tag == SET and len(op) == 3:
+                    new = set_positions(base, op[1], op[2])
+                    positions = [p for p in op[1] if type(new[p]) is not int or new[p] != base[p]]
+                    if positions:
+                        self._patch(row, new, src, base, positions)
+                    elif src is not None:
+                        self.occupant(row, base, src, base)
+                    return
+                if tag == APPEND and len(op) == 2 and type(op[1]) is list and op[1]:
+                    new = base + op[1]
+                    self._check_length(row, len(new))
+                    self._append(row, new, src, base)
+                    return
+                if tag == TRUNCATE and len(op) == 2 and group.kind == "paged":
+                    n, m = truncated_length(op[1], len(base)), len(base)
+                    if n == m:
+                        if src is not None:
+                            self.occupant(row, base, src, base)
+                        return
+                    self._check_length(row, n)
+                    self._move(row, src)
+                    self.new_latest[row] = base[:n]
+                    self.lengths.append((row, n))
+                    self._cells((row, slice(n, m)), group.pad, m - n)
+                    self.rows_written += 1
+                    return
+            ids = apply_ops(ops, base)
+        except DeltaMessageError as error:
+            raise DeltaMessageError(f"{error} ({_where(self.place, row, group, key)})") from None
+        if base is None:
+            self._whole(row, ids, None)
+        else:
+            self.occupant(row, ids, src, base)
+
+    def _set_one(self, row: int, base: list[int], p: int, x: int) -> None:
+        """Position ``p`` of a row that stays in place gets ``x``, a checked new id not in the
+        row: one strided write (ring) or one cell (paged)."""
+        new = base[:]
+        new[p] = _INTERNED[x] if x < INTERNED_IDS else x
+        n, width = len(new), self.group.width
+        self.new_latest[row] = new
+        self.hints[row] = p + 1 if p + 1 < n else 0
+        self.rows_written += 1
+        if self.group.kind == "ring":
+            self._cells((row, slice(p, width, n)), x, (width - 1 - p) // n + 1)
+        else:
+            self._cells((row, p), x, 1)
+
+    def finish(self) -> _GroupResult:
+        """The group's writes, its rows' ids after the step, ``(row, length)`` of every row
+        whose length may have changed, and its hints."""
         whole_rows = self.whole_rows
         if len(whole_rows) >= self.block_rows and self.group.kind == "ring":
             whole_ids, tilings = self._ring_block()
@@ -618,7 +815,7 @@ class _GroupPlanner:
         writes = self.writes._replace(
             rows=self.rows_written + count, cell_count=self.cell_count + count * self.group.width
         )
-        return writes, self.new_latest, self.lengths
+        return _GroupResult(writes, self.new_latest, self.lengths, self.hints)
 
     # --- decisions --------------------------------------------------------------------------------
 
@@ -896,6 +1093,21 @@ def _incomparable(
                     x,
                 )
     return BlockIdTypeError(f"group {group.name}: block IDs must be integers", -1, group.name, None)
+
+
+def _single_difference(ids: list[Any], held: list[int]) -> int:
+    """The one position where ``ids`` differ from ``held`` (same length, not equal), or -1
+    when they differ in more (or compare oddly): the first difference, then one comparison of
+    the rest."""
+    try:
+        p = next(compress(count(), map(operator.ne, ids, held)))
+        return p if ids[p + 1 :] == held[p + 1 :] else -1
+    except Exception:  # ids that do not compare as numbers: decided the slow way
+        return -1
+
+
+def _where(place: Callable[[int], str], row: int, group: TableGroup, key: Hashable) -> str:
+    return f"{place(row)}, group {group.name}, request {key!r}"
 
 
 def _interned(x: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import dataclasses
 import functools
 import pickle
 import random
@@ -31,6 +32,7 @@ from blockprep.batch import DecodeBatch
 from blockprep.block_table import BlockTable
 from blockprep.builders import paged_block_table, ring_block_table
 from blockprep.testing import DeepSeekV4SchedulerSim
+from blockprep.wire import BlockDeltaEncoder
 
 CONSTRUCTIONS = ("pre-fix", "fix", "blockprep")
 
@@ -157,11 +159,13 @@ def _builder_workload(
 
 
 def ring_rotation_trace(
-    rows: int, ring: int, steps: int, seed: int, *, rotate: bool = True
+    rows: int, ring: int, steps: int, seed: int, *, rotate: bool = True, ordered: bool = True
 ) -> Iterator[list[list[int]]]:
     """``steps + 1`` states of ``rows`` ring rows of ``ring`` ids (live lists, rotated in place):
-    step s rotates, in slot order, one slot of each row r with ``(r + s) % 4 == 0`` to a fresh
-    page from a free queue (with ``rotate=False`` nothing changes between steps)."""
+    step s rotates one slot of each row r with ``(r + s) % 4 == 0`` to a fresh page from a free
+    queue, in slot order (``ordered=False``: a slot drawn at random, never the one after the
+    slot that rotated last, as a scheduler that rotates out of order); with ``rotate=False``
+    nothing changes between steps."""
     rng = random.Random(seed)
     pool = list(range(rows * ring * 4))
     rng.shuffle(pool)
@@ -173,6 +177,8 @@ def ring_rotation_trace(
         for r in range(rows):
             if rotate and (r + step) % 4 == 0:
                 slot = next_slot[r]
+                if not ordered:
+                    slot = (slot + rng.randrange(1, ring)) % ring
                 free.append(table[r][slot])
                 table[r][slot] = free.popleft()
                 next_slot[r] = (slot + 1) % ring
@@ -194,12 +200,19 @@ class _BlockTableStepper:
         return stats.misses, stats.cells_written
 
 
-def _block_table_workload(rows: int, width: int, ring: int, *, idle: bool = False) -> Workload:
+def _block_table_workload(
+    rows: int, width: int, ring: int, *, idle: bool = False, ordered: bool = True
+) -> Workload:
     what = "no row changes" if idle else "1/4 of rows rotate one slot per step"
+    suffix = "-idle" if idle else "" if ordered else "-unordered"
+    if not ordered:
+        what += ", a slot other than the next one"
     return Workload(
-        f"blocktable-ring-{rows}x{width}{'-idle' if idle else ''}",
+        f"blocktable-ring-{rows}x{width}{suffix}",
         f"BlockTable, ring {rows}x{width} n={ring}: {what}",
-        lambda steps, seed: ring_rotation_trace(rows, ring, steps, seed, rotate=not idle),
+        lambda steps, seed: ring_rotation_trace(
+            rows, ring, steps, seed, rotate=not idle, ordered=ordered
+        ),
         {
             "pre-fix": _rebuild(reference.ring_block_table_repeat, rows, width),
             "fix": _rebuild(reference.ring_block_table_gather, rows, width),
@@ -291,10 +304,12 @@ DS_SHAPE = f"{DS_RANKS} ranks x {DS_BATCH} rows, 56 tables"
 
 
 class DeepSeekStep(NamedTuple):
-    """One DeepSeek V4 step input: the batch and the buffer slot it is prepared into."""
+    """One DeepSeek V4 step input: the batch and the buffer slot it is prepared into; ``delta``:
+    the same batch carrying a :mod:`blockprep.wire` message instead of its block lists."""
 
     batch: DecodeBatch
     slot: int
+    delta: DecodeBatch | None = None
 
 
 def deepseek_steady_sim(seed: int, **options: Any) -> DeepSeekV4SchedulerSim:
@@ -359,6 +374,22 @@ def deepseek_wire_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
     for index in range(steps + 1):
         batch = pickle.loads(pickle.dumps(sim.step()))
         yield DeepSeekStep(batch, index % WIRE_SLOTS)
+
+
+def deepseek_wire_delta_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
+    """:func:`deepseek_wire_trace`'s batches, each also encoded on the scheduler side by a
+    :class:`~blockprep.wire.BlockDeltaEncoder` into a batch carrying only what changed; both
+    through a pickle round trip (made here, so never timed)."""
+    sim = deepseek_wire_sim(seed)
+    encoder = BlockDeltaEncoder()
+    for _ in range(DS_WARMUP):
+        sim.step()
+    for index in range(steps + 1):
+        batch = sim.step()
+        message = encoder.encode(batch.request_ids, batch.block_ids_by_group)
+        delta = dataclasses.replace(batch, block_ids_by_group=[], block_deltas=message)
+        full, delta = pickle.loads(pickle.dumps((batch, delta)))
+        yield DeepSeekStep(full, index % WIRE_SLOTS, delta)
 
 
 def _idle_batch(layout: DeepSeekV4Layout) -> DecodeBatch:
@@ -449,6 +480,14 @@ class _DeepSeekStepper:
             return None
 
 
+class _DeepSeekDeltaStepper(_DeepSeekStepper):
+    """The preparer fed each step's delta batch (``DeepSeekStep.delta``)."""
+
+    def step(self, item: DeepSeekStep) -> None:
+        assert item.delta is not None
+        self.inputs = self.preparer.prepare(item.delta, buffer_slot=item.slot)
+
+
 def _table_cells(layout: DeepSeekV4Layout) -> int:
     return layout.ranks * layout.decode_batch * sum(group.width for group in layout.groups)
 
@@ -461,7 +500,9 @@ def _deepseek_workload(
     slots: int,
     *,
     cold: bool,
+    delta: bool = False,
 ) -> Workload:
+    stepper = _DeepSeekDeltaStepper if delta else _DeepSeekStepper
     return Workload(
         name,
         f"{description}: {DS_SHAPE}",
@@ -469,7 +510,7 @@ def _deepseek_workload(
         {
             "pre-fix": lambda: _DeepSeekRebuildStepper(layout, slots, fix=False),
             "fix": lambda: _DeepSeekRebuildStepper(layout, slots, fix=True),
-            "blockprep": lambda: _DeepSeekStepper(layout, slots),
+            "blockprep": lambda: stepper(layout, slots),
         },
         layout.ranks * layout.decode_batch * len(layout.groups),
         _table_cells(layout),
@@ -488,6 +529,15 @@ def _deepseek_workloads() -> list[Workload]:
     """The round-trip workloads first (what upstream's worker receives), then the live-list
     ones."""
     return [
+        _deepseek_workload(
+            "deepseek-v4-wire-delta",
+            f"DeepSeek V4 steady step, block lists sent as deltas, {WIRE_CONDITIONS}",
+            deepseek_wire_delta_trace,
+            WIRE_LAYOUT,
+            WIRE_SLOTS,
+            cold=False,
+            delta=True,
+        ),
         _deepseek_workload(
             "deepseek-v4-wire",
             f"DeepSeek V4 steady step, {WIRE_CONDITIONS}",
@@ -536,6 +586,7 @@ def standard_workloads() -> dict[str, Workload]:
         *_deepseek_workloads(),
         _qwen_workload(),
         _block_table_workload(64, 4096, 65),
+        _block_table_workload(64, 4096, 65, ordered=False),
         _block_table_workload(64, 4096, 65, idle=True),
         _builder_workload(
             "ring-64x4096-n65", "ring", 64, 4096, _fixed(65), "ring_block_table 64x4096, n=65"

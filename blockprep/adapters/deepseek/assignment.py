@@ -29,6 +29,7 @@ class Assignment:
     source: npt.NDArray[np.intp]  # per table row: the request its dynamic inputs replicate
     request_rows: npt.NDArray[np.intp]  # per request: its table row
     in_order: bool  # request q sits in table row q, and no row is padding
+    row_of: dict[Any, int]  # request id -> its table row
 
 
 def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | None) -> Assignment:
@@ -41,7 +42,9 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
         if len(request_ids) == len(partitions):  # the same places, other requests
             A = len(request_ids)
             now = [request_ids[q] if q < A else None for q in cached.perm]
-            return _replace(cached, request_ids=list(request_ids), occupants=now)
+            rows = cached.request_rows.tolist()
+            row_of = dict(zip(request_ids, rows, strict=True))
+            return _replace(cached, request_ids=list(request_ids), occupants=now, row_of=row_of)
     A = len(request_ids)
     if A <= 0:
         raise ValueError("DeepSeekV4 decode batch must not be empty")
@@ -82,6 +85,7 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
         np.array(source, dtype=np.intp),
         np.array(rows, dtype=np.intp),
         R * b == A and perm == list(range(R * b)),
+        dict(zip(request_ids, rows, strict=True)),
     )
 
 

@@ -32,6 +32,7 @@ from blockprep.grouped import (
     TableGroup,
 )
 from blockprep.ids import as_int, has_integer_dtype
+from blockprep.wire import DeltaCursor, DeltaMessageError
 
 HOST_HIDDEN_MESSAGE = "DeepSeek V4 decode requires host hidden states"
 MTP_PREVIOUS_MESSAGE = "DeepSeekV4 MTP decode requires previous token IDs and embeddings"
@@ -199,6 +200,8 @@ class DeepSeekV4DecodePreparer:
         # Scratch rows: [num_blocks + k] for the k-th padding row of a rank; never mutated.
         self._scratch = [[[g.num_blocks + k] for k in range(b)] for g in layout.groups]
         self._assignment: Assignment | None = None
+        self._group_index = {name: gi for gi, name in enumerate(GROUP_NAMES)}
+        self._cursor = DeltaCursor()
 
     @property
     def buffer_slots(self) -> int:
@@ -224,6 +227,7 @@ class DeepSeekV4DecodePreparer:
         """Forget everything prepared: the next step writes every row of whichever slot."""
         self._tables.reset()
         self._assignment = None
+        self._cursor.last = None
         self.invalidate()
 
     # --- public entry points ---------------------------------------------------------------------
@@ -312,6 +316,8 @@ class DeepSeekV4DecodePreparer:
         tokens, ``seq_lens + 1``; with ``embedding="host"`` also ``hidden_states`` the drafts'
         embeddings (``draft_hidden_states``, cast to the current hidden states' dtype) and
         ``prev_hidden_states`` the current ones. With ``embedding="device"`` both are ``None``.
+        A batch carrying ``block_deltas`` gives one carrying a message that changes nothing and
+        builds on it (prepare ``batch`` first).
 
         Raises:
             ValueError: ``"DeepSeek V4 decode requires host hidden states"`` (``embedding=
@@ -348,6 +354,7 @@ class DeepSeekV4DecodePreparer:
             cache_partitions=list(batch.cache_partitions),
             prev_token_ids=current.clone(),
             prev_hidden_states=hidden if host else None,
+            block_deltas=_unchanged(batch.block_deltas),
         )
 
     # --- one step: check, plan, then write -------------------------------------------------------
@@ -365,8 +372,12 @@ class DeepSeekV4DecodePreparer:
         """Check the block ids, plan the tables, then write the slot (nothing after the plan
         can raise)."""
         slot = self._checked_slot(batch, seq, buffer_slot)
-        step = self._plan_tables(batch, assignment)
+        if batch.block_deltas is None:
+            step, applied = self._plan_tables(batch, assignment), None
+        else:
+            step, applied = self._plan_deltas(batch.block_deltas, batch, assignment)
         self._tables.commit(step, slot)
+        self._cursor.last = applied
         dynamic = self._dynamic[slot]
         dynamic.write(assignment, tokens, seq, previous)
         if hidden is not None:
@@ -405,6 +416,54 @@ class DeepSeekV4DecodePreparer:
             # the id rule, or a row that is no mapping, a group missing: upstream's error first
             _raise_first(upstream_error(self.layout, batch, assignment))
             raise error from None
+
+    def _plan_deltas(
+        self, message: object, batch: DecodeBatch, assignment: Assignment
+    ) -> tuple[GroupedStep, int]:
+        """Plan the tables from a :mod:`blockprep.wire` message (``{request: {group: ops}}``)
+        on what they hold: the step costs what changed. Returns the step and the message's
+        number."""
+        seq, rows = self._cursor.check(message)
+        if batch.block_ids_by_group:
+            raise ValueError(
+                "a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both"
+            )
+        changes: list[dict[int, Any]] = [{} for _ in GROUP_NAMES]
+        if rows:
+            row_of, group_index = assignment.row_of, self._group_index
+            for request, groups in rows.items():
+                row = row_of.get(request)
+                if row is None:
+                    raise DeltaMessageError(
+                        f"block delta ops for request {request!r}, which is not in the batch"
+                    )
+                if type(groups) is not dict and not isinstance(groups, Mapping):
+                    raise DeltaMessageError(
+                        f"request {request!r}: block delta ops must be a dict by group, got "
+                        f"{type(groups).__name__}"
+                    )
+                for name, ops in groups.items():
+                    gi = group_index.get(name)
+                    if gi is None:
+                        raise DeltaMessageError(
+                            f"request {request!r}: unknown group {name!r}; the groups are "
+                            f"{list(GROUP_NAMES)}"
+                        )
+                    changes[gi][row] = ops
+        perm, scratch = assignment.perm, self._scratch
+        A = len(assignment.ranks)
+
+        def padding(group: int, row: int) -> list[int]:
+            return scratch[group][perm[row] - A]
+
+        step = self._tables.plan_deltas(
+            changes,
+            assignment.occupants,
+            padding,
+            lambda r: f"decode row {perm[r]}",
+            whole=isinstance(message, Mapping) and message.get("base") is None,
+        )
+        return step, seq
 
     def _seq_lens(self, batch: DecodeBatch, A: int) -> npt.NDArray[np.int64]:
         seq = _integer_array(batch.seq_lens, "seq_lens")
@@ -449,10 +508,13 @@ class DeepSeekV4DecodePreparer:
         """Upstream's order: grouped-id shape, the position limit, then the buffer slot."""
         A = len(batch.request_ids)
         rows = batch.block_ids_by_group
-        if not rows:
-            raise ValueError("DeepSeekV4 requires grouped KV block IDs")
-        if len(rows) != A:
-            raise ValueError(f"grouped KV metadata has {len(rows)} rows, expected decode batch {A}")
+        if batch.block_deltas is None:
+            if not rows:
+                raise ValueError("DeepSeekV4 requires grouped KV block IDs")
+            if len(rows) != A:
+                raise ValueError(
+                    f"grouped KV metadata has {len(rows)} rows, expected decode batch {A}"
+                )
         position = int(seq.max()) - 1
         if position >= self.layout.max_seq_len:
             _raise_first(normalization_error(batch))
@@ -470,6 +532,14 @@ class DeepSeekV4DecodePreparer:
             )
             raise ValueError(f"decode buffer_slot must be {allowed}, got {buffer_slot}")
         return slot
+
+
+def _unchanged(message: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The message saying that nothing changed since ``message`` (``None`` for ``None``)."""
+    if message is None:
+        return None
+    seq = message.get("seq")
+    return {"seq": seq, "base": seq, "rows": {}}
 
 
 def _host_float(states: torch.Tensor, name: str) -> torch.Tensor:

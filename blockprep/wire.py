@@ -1,0 +1,279 @@
+"""Block-list deltas on the wire: what changed since the worker's last step, as plain data.
+
+A scheduler that ships every request's whole block lists every step makes the worker's cost
+follow the size of the tables. :class:`BlockDeltaEncoder` (scheduler side) sends only what
+changed since the last message; the preparers (worker side) apply the message to what their
+tables hold, at a cost that follows the change. A message is built from ints, strings, lists and
+dicts only, so pickle and msgpack carry it as it is::
+
+    {"seq": 7,              # this message's number
+     "base": 6,             # the message it builds on; None: it builds on nothing
+     "rows": {request_id: ops}}                # one id list per request (DecodeBatch.block_ids)
+     "rows": {request_id: {group: ops}}        # grouped (DecodeBatch.block_ids_by_group)
+
+``ops`` is a list of operations applied in order to the request's ids as of the base message:
+
+- ``["w", ids]``: the whole list (a new request, or whenever simpler);
+- ``["a", ids]``: ``ids`` appended;
+- ``["s", positions, ids]``: ``ids[i]`` at ``positions[i]`` (a ring row: ring slot ``p``);
+- ``["t", length]``: the first ``length`` ids kept.
+
+A request of the batch without an entry (or a group without one) holds what it held. A request
+that was not in the base message's batch is new to the worker: each of its groups starts with
+``"w"``. A message with ``base`` ``None`` carries every request whole.
+
+Resync: the worker remembers the number of the last message it applied (:class:`DeltaCursor`).
+A message whose ``base`` is not that number raises :class:`DeltaSequenceError` and writes
+nothing; so does any rejected step, which counts as not applied. The engine then calls
+:meth:`BlockDeltaEncoder.reset`, and the next message is whole for every request.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from blockprep.ids import has_integer_dtype, is_integer_id
+
+WHOLE, APPEND, SET, TRUNCATE = "w", "a", "s", "t"
+"""The operation tags."""
+
+Ops = list[list[Any]]
+"""One request's (and group's) operations, in order."""
+
+
+class DeltaSequenceError(ValueError):
+    """A message that does not build on the last one the worker applied: nothing was written.
+    Reset the encoder; its next message is whole. ``expected``: the worker's last applied
+    number (``None``: none), ``base``: what the message builds on."""
+
+    def __init__(self, expected: int | None, base: int | None, seq: object) -> None:
+        super().__init__(
+            f"block delta message {seq} builds on message {base}, but the worker last applied "
+            f"{expected}: reset the encoder and send every request whole"
+        )
+        self.expected = expected
+        self.base = base
+
+
+class DeltaMessageError(ValueError):
+    """A malformed message, or an operation that does not fit the ids it applies to (the
+    request, and group, named): nothing was written."""
+
+
+class BlockDeltaEncoder:
+    """Scheduler side: turns each step's block lists into a message carrying what changed.
+
+    ``encode(request_ids, block_lists)`` takes the step's batch order and, per request, its id
+    list (Qwen: ``DecodeBatch.block_ids``) or ``{group: ids}`` (DeepSeek:
+    ``block_ids_by_group``); the caller may mutate its lists afterwards (the encoder keeps
+    copies). Assumes every message is applied: after the worker rejects one, call :meth:`reset`.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0
+        self._base: int | None = None
+        self._held: dict[Hashable, Any] = {}
+
+    def reset(self) -> None:
+        """Forget what the worker holds: the next message carries every request whole."""
+        self._base = None
+        self._held = {}
+
+    def encode(
+        self,
+        request_ids: Sequence[Hashable],
+        block_lists: Sequence[Sequence[int] | Mapping[str, Sequence[int]]],
+    ) -> dict[str, Any]:
+        """The message for this step (see the module docstring for the schema).
+
+        Raises:
+            ValueError: ``request_ids`` and ``block_lists`` of different lengths, a request id
+                repeated, a grouped request whose groups differ from its last message's.
+            TypeError: an id that is not an integer (a bool or a float included).
+        """
+        if len(request_ids) != len(block_lists):
+            raise ValueError(f"{len(request_ids)} request ids for {len(block_lists)} block lists")
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError("request ids must be unique within a batch")
+        held = self._held
+        rows: dict[Hashable, Any] = {}
+        new_held: dict[Hashable, Any] = {}
+        for request, lists in zip(request_ids, block_lists, strict=True):
+            old = held.get(request)
+            if isinstance(lists, Mapping):
+                if old is not None and old.keys() != lists.keys():
+                    raise ValueError(
+                        f"request {request!r} carries groups {sorted(lists)}, but it carried "
+                        f"{sorted(old)} (a grouped request sends every group every step)"
+                    )
+                entry: dict[str, Ops] = {}
+                copies: dict[str, list[int]] = {}
+                for group, ids in lists.items():
+                    before = None if old is None else old.get(group)
+                    copies[group] = current = _id_copy(ids)
+                    ops = _diff(before, current)
+                    if ops:
+                        entry[str(group)] = ops
+                new_held[request] = copies
+                if entry:
+                    rows[request] = entry
+            else:
+                current = _id_copy(lists)
+                new_held[request] = current
+                ops = _diff(old, current)
+                if ops:
+                    rows[request] = ops
+        message = {"seq": self._next, "base": self._base, "rows": rows}
+        self._held = new_held
+        self._base = self._next
+        self._next += 1
+        return message
+
+
+def _diff(old: list[int] | None, new: list[int]) -> Ops | None:
+    """The fewest-ids operations taking ``old`` to ``new`` (``None``: no change)."""
+    if old is None:
+        return [[WHOLE, _plain(new)]]
+    if old == new:
+        return None
+    n, m = len(new), len(old)
+    if n > m and new[:m] == old:
+        return [[APPEND, _plain(new[m:])]]
+    if n < m and old[:n] == new:
+        return [[TRUNCATE, n]]
+    if n == m:
+        positions = [p for p in range(n) if new[p] != old[p]]
+        if 2 * len(positions) <= n:
+            return [[SET, positions, _plain([new[p] for p in positions])]]
+        return [[WHOLE, _plain(new)]]
+    prefix = 0
+    for a, b in zip(old, new, strict=False):
+        if a != b:
+            break
+        prefix += 1
+    if 2 * prefix >= n:
+        return [[TRUNCATE, prefix], [APPEND, _plain(new[prefix:])]]
+    return [[WHOLE, _plain(new)]]
+
+
+def _id_copy(ids: object) -> list[Any]:
+    """A list copy of one request's ids: a list or tuple, or a 1-D integer array or tensor."""
+    if isinstance(ids, (list, tuple)):
+        return list(ids)
+    if isinstance(ids, (np.ndarray, torch.Tensor)) and ids.ndim == 1 and has_integer_dtype(ids):
+        values: list[Any] = ids.tolist()
+        return values
+    raise TypeError(
+        f"block IDs must be a list, tuple or 1-D integer array, got {type(ids).__name__}"
+        + (f" of dtype {ids.dtype}" if isinstance(ids, (np.ndarray, torch.Tensor)) else "")
+    )
+
+
+def _plain(ids: Sequence[Any]) -> list[int]:
+    """``ids`` as plain ints (NumPy integers converted), for msgpack; ``TypeError`` for
+    anything else (bools and floats included)."""
+    if all(type(x) is int for x in ids):
+        return list(ids)
+    for x in ids:
+        if not is_integer_id(x):
+            raise TypeError(f"block IDs must be integers, got {x!r} of type {type(x).__name__}")
+    return list(map(operator.index, ids))
+
+
+class DeltaCursor:
+    """Worker side: the number of the last message applied, and the header checks."""
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+
+    def check(self, message: object) -> tuple[int, Mapping[Any, Any]]:
+        """``(seq, rows)`` of a message that builds on the last one applied.
+
+        Raises:
+            DeltaMessageError: not a mapping with an int ``seq``, an int-or-``None`` ``base`` and
+                a mapping ``rows``.
+            DeltaSequenceError: ``base`` is not ``None`` and not the last number applied.
+        """
+        if not isinstance(message, Mapping):
+            raise DeltaMessageError(
+                f"a block delta message must be a dict, got {type(message).__name__}"
+            )
+        seq, base, rows = message.get("seq"), message.get("base"), message.get("rows")
+        if type(seq) is not int or not (base is None or type(base) is int):
+            raise DeltaMessageError(
+                f"a block delta message needs an int seq and an int or None base, got seq "
+                f"{seq!r}, base {base!r}"
+            )
+        if not isinstance(rows, Mapping):
+            raise DeltaMessageError(
+                f"a block delta message needs a dict of rows, got {type(rows).__name__}"
+            )
+        if base is not None and base != self.last:
+            raise DeltaSequenceError(self.last, base, seq)
+        return seq, rows
+
+
+def apply_ops(ops: object, held: list[Any] | None) -> list[Any]:
+    """The id list ``ops`` make of ``held`` (``None``: the request is new), as a new list; the
+    ids themselves are not checked (the table does that).
+
+    Raises:
+        DeltaMessageError: ops that are not a non-empty list of operations, a new request that
+            does not start whole, a position or length that is not an int within the list (the
+            caller adds the place).
+    """
+    if not isinstance(ops, list) or not ops:
+        raise DeltaMessageError("block delta ops must be a non-empty list")
+    ids = held
+    for op in ops:
+        tag = op[0] if isinstance(op, list) and op else None
+        if ids is None and tag != WHOLE:
+            raise DeltaMessageError("a request new to the worker must come with its whole list")
+        if tag == WHOLE and len(op) == 2:
+            ids = _id_list(op[1])
+        elif ids is not None and tag == APPEND and len(op) == 2:
+            ids = ids + _id_list(op[1])
+        elif ids is not None and tag == SET and len(op) == 3:
+            ids = set_positions(ids, op[1], op[2])
+        elif ids is not None and tag == TRUNCATE and len(op) == 2:
+            ids = ids[: truncated_length(op[1], len(ids))]
+        else:
+            raise DeltaMessageError(f"unknown block delta operation {op!r}")
+    assert ids is not None
+    return ids
+
+
+def set_positions(ids: list[Any], positions: object, values: object) -> list[Any]:
+    """A copy of ``ids`` with ``values[i]`` at ``positions[i]``; positions unique ints within
+    ``ids`` (:class:`DeltaMessageError` otherwise)."""
+    if type(positions) is not list or type(values) is not list:
+        raise DeltaMessageError("set positions and ids must be lists")
+    if len(positions) != len(values):
+        raise DeltaMessageError(f"{len(positions)} positions for {len(values)} ids")
+    n = len(ids)
+    out = ids[:]
+    for p, x in zip(positions, values, strict=True):
+        if type(p) is not int or not 0 <= p < n:
+            raise DeltaMessageError(f"position {p!r} is not an int in [0, {n})")
+        out[p] = x
+    if len(positions) > 1 and len(set(positions)) != len(positions):
+        raise DeltaMessageError(f"positions {positions} repeat")
+    return out
+
+
+def truncated_length(length: object, n: int) -> int:
+    """``length`` as the length a list of ``n`` ids is truncated to: an int in ``[0, n]``."""
+    if type(length) is not int or not 0 <= length <= n:
+        raise DeltaMessageError(f"truncate length {length!r} is not an int in [0, {n}]")
+    return length
+
+
+def _id_list(ids: object) -> list[Any]:
+    if type(ids) is not list:
+        raise DeltaMessageError(f"block delta ids must be a list, got {type(ids).__name__}")
+    return ids
