@@ -22,14 +22,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress
+from itertools import chain, compress, count
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.buffers import host_tensor
+from blockprep.buffers import check_writable, claim_buffer, host_tensor
 from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
@@ -149,6 +149,7 @@ class BlockTable:
             _check_buffer(buffer, num_rows, max_blocks)
             self._tensor = buffer
             initial = None
+        claim_buffer(self, self._tensor, "BlockTable")  # one table per buffer
         self._flat: npt.NDArray[np.int32] = self._tensor.detach().numpy().reshape(-1)
         self._rows = self._flat.reshape(num_rows, max_blocks)
         # Per row: a copy of the ids the row holds, the cleared marker, or None (unknown).
@@ -160,6 +161,7 @@ class BlockTable:
         self._hits = 0
         self._misses = 0
         self._cells = 0
+        self._epoch = 0  # bumped by every write and invalidation: a plan's staleness check
 
     # --- properties ------------------------------------------------------------------------------
 
@@ -210,6 +212,13 @@ class BlockTable:
         cached = self._cached[self._row_index(row)]
         return None if cached is None else list(cached)
 
+    def held_rows(self, count: int) -> list[Sequence[int] | None]:
+        """The ids rows ``0..count-1`` hold, each as the table's own sequence, without a copy
+        (``None``: unknown): read them, never mutate them, and do not keep them past the
+        table's next write."""
+        rows: list[Sequence[int] | None] = self._cached[:count]
+        return rows
+
     # --- writes ----------------------------------------------------------------------------------
 
     def write_row(self, row: int, ids: Sequence[int] | npt.NDArray[Any] | torch.Tensor) -> bool:
@@ -251,6 +260,48 @@ class BlockTable:
         for row, ids, write in writes:
             self._perform(row, ids, write)
         return len(writes)
+
+    def plan_rows(self, items: RowItems[IdsLike]) -> RowsPlan:
+        """Check writing ``ids`` into each ``row`` of ``(row, ids)`` pairs or a ``{row: ids}``
+        mapping (rows in any order, each once) and return the plan; nothing is written.
+
+        The first half of an all-or-nothing step whose other parts (other buffers) are checked
+        between the two halves: :meth:`commit` carries the plan out and cannot raise. Raises what
+        :meth:`write_rows` raises, and ``ValueError`` for a row given twice.
+        """
+        writes: list[tuple[int, Any, int | _Plan]] = []
+        cache = self._cached
+        seen: set[int] = set()
+        hits = 0
+        for row, ids in _row_items(items):
+            if type(row) is not int or not 0 <= row < self._num_rows:
+                row = self._row_index(row)
+            if row in seen:
+                raise ValueError(f"block-table row {row} is given more than once")
+            seen.add(row)
+            if _listed_hit(ids, cache[row]):
+                hits += 1
+                continue
+            write = self._decide(row, ids)
+            if write is None:
+                hits += 1
+            else:
+                writes.append((row, ids, write))
+        return RowsPlan(self, self._epoch, [row for row, _, _ in writes], writes, hits)
+
+    def commit(self, plan: RowsPlan) -> int:
+        """Carry out a :meth:`plan_rows` plan of this table; return how many rows changed.
+
+        Never raises for a plan made by this table with nothing written in between (the plan
+        names the rows it writes: ``plan.rows``); a stale or foreign plan raises ``RuntimeError``
+        and writes nothing.
+        """
+        if plan.table is not self or plan.epoch != self._epoch:
+            raise RuntimeError("a block-table plan must be committed to its table before any write")
+        self._hits += plan.hits
+        for row, ids, write in plan.writes:
+            self._perform(row, ids, write)
+        return len(plan.writes)
 
     def copy_row(self, src: int, dst: int) -> bool:
         """Make row ``dst`` a copy of row ``src``; return whether anything was written."""
@@ -315,6 +366,7 @@ class BlockTable:
 
         Call after anything other than this table wrote the buffer.
         """
+        self._epoch += 1
         if row is None:
             self._cached = [None] * self._num_rows
             self._lengths[:] = 0
@@ -444,6 +496,12 @@ class BlockTable:
         write: paged cells, paged tails reset, ring slots, ring rows re-tiled), whatever the
         number of rows. A row whose deltas change nothing counts as a hit.
         """
+        if self._kind == "paged" and not set_ids and isinstance(truncate, dict):
+            written = (
+                None if type(append) is not dict else self._paged_dict_deltas(truncate, append)
+            )
+            if written is not None:
+                return written
         deltas: dict[int, _Delta] = {}
         for row, length in _row_items(truncate):
             delta = self._delta_entry(deltas, row, "truncate")
@@ -633,6 +691,85 @@ class BlockTable:
         self._lengths[row] = len(ids)
         return ids
 
+    def _paged_dict_deltas(self, truncate: dict[Any, Any], append: dict[Any, Any]) -> int | None:
+        """:meth:`apply_deltas` on a paged table for ``{row: length}`` and ``{row: ids}`` dicts of
+        plain ints and int lists (a scheduler step): one checking pass, then one slice write per
+        row, without per-row objects. ``None``, having changed nothing, when anything is not of that
+        form or not valid: the general path then decides, and raises the right error."""
+        num_rows, width, cache = self._num_rows, self._max_blocks, self._cached
+        for row, keep in truncate.items():
+            if type(row) is not int or not 0 <= row < num_rows or type(keep) is not int:
+                return None
+            cached = cache[row]
+            if cached is None or not 0 <= keep <= len(cached):
+                return None
+        for row, ids in append.items():
+            if type(row) is not int or not 0 <= row < num_rows or type(ids) is not list:
+                return None
+            cached = cache[row]
+            if cached is None:
+                return None
+            if len(ids) == 1:
+                x = ids[0]
+                if type(x) is not int or not 0 <= x <= INT32_MAX:
+                    return None
+            elif ids and (set(map(type, ids)) != _INT_ONLY or min(ids) < 0 or max(ids) > INT32_MAX):
+                return None
+            if truncate.get(row, len(cached)) + len(ids) > width:
+                return None
+        # Everything is checked: from here on nothing raises. Small steps are the common case,
+        # so each row is written with a slice as it comes: no index arrays to build.
+        cleared, flat, pad = self._cleared, self._flat, self._pad
+        lengths, dirty = self._lengths, self._dirty
+        changed = written = 0
+        for row, keep in truncate.items():
+            cached = cache[row]
+            old = len(cached)
+            if keep == old:
+                continue
+            ids = append.get(row)
+            new = keep + len(ids) if ids else keep
+            if new < old:
+                begin = row * width
+                flat[begin + new : begin + old] = pad
+                written += old - new
+            if keep:
+                del cached[keep:]
+            else:
+                cache[row] = cleared
+            if not ids:
+                lengths[row] = keep
+                dirty.add(row)
+                changed += 1
+        for row, ids in append.items():
+            if not ids:
+                continue
+            cached = cache[row]
+            old = len(cached)
+            count = len(ids)
+            begin = row * width + old
+            if count == 1:
+                flat[begin] = ids[0]
+            else:
+                flat[begin : begin + count] = ids
+            if cached is cleared:
+                cache[row] = ids[:]
+            else:
+                cached.extend(ids)
+            lengths[row] = old + count
+            dirty.add(row)
+            changed += 1
+            written += count
+        touched = len(truncate) + len(append)
+        if truncate and append:
+            touched -= len(truncate.keys() & append.keys())
+        self._hits += touched - changed
+        if changed:
+            self._epoch += 1
+            self._misses += changed
+            self._cells += written
+        return written
+
     def _apply_paged(self, changed: list[_Delta]) -> None:
         """Paged rows: new cells in one scatter, dropped tails reset in another. Never raises."""
         width = self._max_blocks
@@ -752,14 +889,26 @@ class BlockTable:
         return next(i for i, (a, b) in enumerate(zip(key, cached, strict=False)) if a != b)
 
     def _predicted_rotation(self, row: int, ids: list[Any]) -> int:
-        """The steady-state ring write, recognised at the cost of one list comparison: the slot
-        predicted to rotate next, when ``ids`` differ from the row's cached ids there only and
-        hold a plain in-range int there; else -1 (:meth:`_plan` decides). Changes nothing."""
+        """The steady-state ring write: the one slot where ``ids`` differ from the row's cached
+        ids, when it holds a plain in-range int; else -1 (:meth:`_plan` decides). Changes nothing.
+
+        The slot predicted to rotate next is tried first (one list comparison); when that slot
+        did not change (a scheduler that rotates out of order), one C-level pass finds the
+        changed slots instead, so an unpredicted rotation costs about what a predicted one does.
+        """
         cached = self._cached[row]
         if self._kind != "ring" or type(cached) is not list or len(ids) != len(cached):
             return -1
         slot = self._next_slot[row]
         value, old = ids[slot], cached[slot]
+        if type(value) is int and value == old:
+            try:  # the first slot that differs, then whether the rest is equal (C-level)
+                slot = next(compress(count(), map(operator.ne, ids, cached)))
+                value = ids[slot]
+                single = ids[slot + 1 :] == cached[slot + 1 :]
+            except (TypeError, ValueError):
+                return -1
+            return slot if single and type(value) is int and 0 <= value <= INT32_MAX else -1
         if type(value) is not int or not 0 <= value <= INT32_MAX or value == old:
             return -1
         cached[slot] = value
@@ -790,6 +939,8 @@ class BlockTable:
 
     def _full_plan(self, row: int, ids: object, key: list[Any] | None) -> _Plan:
         values = row_values(row, ids, self._max_blocks, self._kind).astype(np.int32, copy=False)
+        if np.may_share_memory(values, self._flat):  # ids read from this table: copy them first
+            values = values.copy()
         if key is not None and set(map(type, key)) <= {int}:
             # Cache the caller's own int objects: the next comparison then matches by identity.
             cache = key[:] if key is ids else key
@@ -882,6 +1033,7 @@ class BlockTable:
 
     def _wrote(self, row: int, cells: int) -> None:
         self._dirty.add(row)
+        self._epoch += 1
         self._misses += 1
         self._cells += cells
 
@@ -949,6 +1101,17 @@ def _delta_id(label: str, row: int, x: object) -> int:
     return value
 
 
+class RowsPlan(NamedTuple):
+    """A checked :meth:`BlockTable.plan_rows` step, for :meth:`BlockTable.commit`: ``rows``, the
+    rows it writes (the others already hold their ids), in the order given."""
+
+    table: BlockTable
+    epoch: int
+    rows: list[int]
+    writes: list[tuple[int, Any, int | _Plan]]
+    hits: int
+
+
 class _Plan(NamedTuple):
     """Cells one write will change, checked and ready to apply.
 
@@ -988,3 +1151,4 @@ def _check_buffer(buffer: object, num_rows: int, max_blocks: int) -> None:
         )
     if not buffer.is_contiguous():
         raise ValueError("buffer must be contiguous")
+    check_writable(buffer, "buffer")

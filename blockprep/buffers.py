@@ -1,9 +1,19 @@
-"""Host buffers: persistent tensors allocated once, optionally pinned or in shared memory."""
+"""Host buffers: persistent tensors allocated once, optionally pinned or in shared memory; the
+checks every writer runs on a buffer it is handed (writable memory, no self-overlap, one owner);
+and :class:`DeviceMirror`, a device copy whose copies are fenced before the host writes again."""
 
 from __future__ import annotations
 
+import gc
 import importlib
+import itertools
+import sys
+import threading
+import weakref
+from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 
@@ -41,6 +51,221 @@ def host_tensor(
     return tensor
 
 
+# --- checks on a buffer handed in ---------------------------------------------------------------
+
+
+def check_writable(buffer: torch.Tensor | npt.NDArray[Any], name: str) -> None:
+    """Raise ``ValueError("{name} is read-only memory")`` when writing ``buffer`` would fault.
+
+    A write through a tensor over read-only memory (``torch.from_numpy`` of an array over a
+    read-only ``mmap``) kills the process with SIGSEGV; this check runs before the first write.
+
+    - NumPy arrays: their ``writeable`` flag (NumPy clears it for read-only memory).
+    - CPU tensors whose storage torch allocated (resizable storages: the CPU, pinned and
+      shared-memory allocators) are writable: no further work.
+    - Other CPU tensors (``from_numpy``, ``frombuffer``, ``from_dlpack``): on Linux, every mapping
+      under the storage's bytes in ``/proc/self/maps`` must be writable (a gap, unmapped memory,
+      fails too). The answer is cached per storage for as long as the storage lives, so a
+      persistent buffer pays the file read once. Elsewhere (no ``/proc/self/maps``) such memory
+      is taken as writable: the fallback cannot tell.
+    - Device tensors: nothing to check here.
+
+    Memory that is writable to the OS but immutable to Python (a tensor over a ``bytes``
+    object's buffer) cannot be told apart from a tensor: only the ``writeable`` flag of the NumPy
+    array it came from said so.
+    """
+    if isinstance(buffer, np.ndarray):
+        if not buffer.flags.writeable:
+            raise ValueError(f"{name} is read-only memory")
+        return
+    if buffer.device.type != "cpu":
+        return
+    storage = buffer.untyped_storage()
+    if storage.resizable():
+        return
+    start, nbytes = storage.data_ptr(), storage.nbytes()
+    if nbytes == 0:
+        return
+    key = id(storage)
+    with _LOCK:
+        known = _WRITABLE.get(key)
+        if known is not None and known[0]() is storage and known[1:] == (start, nbytes):
+            return
+    if mapped_writable(start, nbytes) is False:
+        raise ValueError(f"{name} is read-only memory")
+
+    def forget(ref: weakref.ref[Any], key: int = key) -> None:
+        with _LOCK:
+            if _WRITABLE.get(key, (None,))[0] is ref:
+                del _WRITABLE[key]
+
+    with _LOCK:
+        _WRITABLE[key] = (weakref.ref(storage, forget), start, nbytes)
+
+
+def mapped_writable(start: int, nbytes: int) -> bool | None:
+    """Whether the process may write every byte of ``[start, start + nbytes)``: each mapping
+    under it in ``/proc/self/maps`` writable, no gap. ``None`` where that file cannot be read
+    (not Linux): unknown."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            lines = maps.read().splitlines()
+    except OSError:
+        return None
+    position, end = start, start + nbytes
+    for line in lines:  # ascending, non-overlapping address ranges
+        span, perms = line.split(b" ", 2)[:2]
+        low_text, high_text = span.split(b"-")
+        low, high = int(low_text, 16), int(high_text, 16)
+        if high <= position:
+            continue
+        if low > position or perms[1:2] != b"w":
+            return False
+        position = high
+        if position >= end:
+            return True
+    return False
+
+
+_LOCK = threading.Lock()
+_WRITABLE: dict[int, tuple[weakref.ref[Any], int, int]] = {}
+"""Storages found writable: ``id(storage) -> (weak reference, data_ptr, nbytes)``."""
+
+
+def check_no_self_overlap(array: npt.NDArray[Any], name: str) -> None:
+    """Raise ``ValueError`` when two elements of ``array`` share memory (an ``expand``ed or
+    ``as_strided`` view with a zero or overlapping stride): writing it, rows overwrite rows."""
+    if has_self_overlap(array):
+        shape, strides = tuple(array.shape), tuple(array.strides)
+        raise ValueError(
+            f"{name} overlaps itself (shape {shape}, byte strides {strides}): distinct cells "
+            "share memory, so writing one row would overwrite another"
+        )
+
+
+def has_self_overlap(array: npt.NDArray[Any]) -> bool:
+    """Whether two elements of ``array`` share a byte.
+
+    The usual layouts decide in one pass over the dims (sorted by stride, each stride at least
+    the extent of the smaller ones: no overlap); anything else (zero strides, interleaved
+    strides) is decided exactly from every element's offset."""
+    if array.size <= 1:
+        return False
+    shape_strides = zip(array.shape, array.strides, strict=True)
+    dims = sorted((abs(stride), size) for size, stride in shape_strides if size > 1)
+    extent = array.itemsize
+    for stride, size in dims:
+        if stride < extent:
+            break
+        extent += stride * (size - 1)
+    else:
+        return False
+    offsets = np.zeros(1, dtype=np.int64)
+    for stride, size in dims:
+        offsets = (offsets[:, None] + np.arange(size, dtype=np.int64) * stride).reshape(-1)
+    offsets.sort()
+    return bool(np.any(np.diff(offsets) < array.itemsize))
+
+
+def claim_buffer(owner: object, buffer: torch.Tensor, what: str) -> None:
+    """Register ``buffer``'s bytes as ``owner``'s until ``owner`` is garbage-collected.
+
+    Raises ``ValueError`` when they overlap a buffer another live owner claimed (two
+    :class:`~blockprep.BlockTable` objects over the same memory would each trust a row cache that
+    the other one's writes falsify). A buffer's claim is released when its owner is collected; an
+    owner kept alive only by a reference cycle is collected (``gc.collect()``) before refusing.
+    """
+    nbytes = buffer.numel() * buffer.element_size()
+    if nbytes == 0 or buffer.device.type != "cpu":
+        return
+    start = buffer.data_ptr()
+    end = start + nbytes
+    with _LOCK:
+        clash = _clash(start, end)
+    if clash is not None:
+        gc.collect()  # a dead owner in a reference cycle still holds its claim
+        with _LOCK:
+            clash = _clash(start, end)
+    if clash is not None:
+        raise ValueError(
+            f"buffer overlaps the buffer of another live {clash} "
+            f"(bytes {start:#x}..{end:#x}); give each {what} its own memory"
+        )
+    with _LOCK:
+        key = next(_CLAIM_KEYS)
+        _CLAIMS[key] = (start, end, what)
+    weakref.finalize(owner, _release, key)
+
+
+def _clash(start: int, end: int) -> str | None:
+    for low, high, what in _CLAIMS.values():
+        if low < end and start < high:
+            return what
+    return None
+
+
+def _release(key: int) -> None:
+    with _LOCK:
+        _CLAIMS.pop(key, None)
+
+
+_CLAIMS: dict[int, tuple[int, int, str]] = {}
+"""Claimed buffers: ``key -> (first byte, end, what)``."""
+_CLAIM_KEYS = itertools.count()
+
+
+# --- device mirror -------------------------------------------------------------------------------
+
+
+class MirrorFence(Protocol):
+    """Marks a point in a device's queue of copies (an event recorded after them)."""
+
+    def synchronize(self) -> None:
+        """Return once every copy issued before the fence was recorded has read its source."""
+
+
+class MirrorCopier(Protocol):
+    """How a :class:`DeviceMirror` copies: asynchronous copies, then a fence after them.
+
+    The default issues ``dst.copy_(src, non_blocking=True)`` on the current stream and records a
+    device event (``torch.Event``); tests inject a stand-in whose copies run later."""
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Queue a copy of ``src`` (host) into ``dst`` (device); it may read ``src`` later."""
+
+    def record(self) -> MirrorFence:
+        """A fence after every copy queued so far."""
+
+
+class _DoneFence:
+    def synchronize(self) -> None:
+        return None
+
+
+class _TorchCopier:
+    """``copy_(non_blocking=True)`` and a device event; synchronous copies on the CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src, non_blocking=True)
+
+    def record(self) -> MirrorFence:
+        if self._device.type in ("cpu", "meta"):  # copies done on return, or no data at all
+            return _DoneFence()
+        event_type = getattr(torch, "Event", None)
+        if event_type is not None:
+            event = event_type(device=self._device)
+        else:  # torch before the generic Event: the backend's own
+            event = getattr(torch, self._device.type).Event()
+        event.record()
+        fence: MirrorFence = event
+        return fence
+
+
 class DeviceMirror:
     """A device-side copy of a persistent host buffer, refreshed row by row.
 
@@ -49,10 +274,22 @@ class DeviceMirror:
     without an accelerator). On ``"cuda"`` or ``"npu"`` (``torch_npu`` is imported when present)
     a device tensor of the same shape and dtype is allocated once; :meth:`sync` copies the given
     rows (dim 0), or everything, with ``non_blocking=True``.
+
+    The copies read the host buffer when the device runs them, which may be after :meth:`sync`
+    returns. So each :meth:`sync` records a fence after its copies, and whoever writes the host
+    buffer next calls :meth:`wait_host_free` first (it waits on that fence: the copies of step N
+    have read step N's values before step N+1 overwrites them). :func:`wait_host_free` waits on
+    several mirrors. ``copier`` replaces how copies and fences are made (a :class:`MirrorCopier`;
+    tests pass one whose copies are deferred).
     """
 
     def __init__(
-        self, host: torch.Tensor, device: str | torch.device, *, separate: bool = False
+        self,
+        host: torch.Tensor,
+        device: str | torch.device,
+        *,
+        separate: bool = False,
+        copier: MirrorCopier | None = None,
     ) -> None:
         device = torch.device(device)
         if device.type == "npu":
@@ -60,8 +297,11 @@ class DeviceMirror:
         self._host = host
         self._shared = device.type == "cpu" and not separate
         self._tensor = host if self._shared else torch.empty_like(host, device=device)
+        self._copier: MirrorCopier = _TorchCopier(device) if copier is None else copier
+        self._fence: MirrorFence | None = None
         if not self._shared:
-            self._tensor.copy_(host)
+            self._copier.copy(self._tensor, host)
+            self._fence = self._copier.record()
 
     @property
     def tensor(self) -> torch.Tensor:
@@ -82,14 +322,38 @@ class DeviceMirror:
         if self._shared:
             return
         if rows is None:
-            self._tensor.copy_(self._host, non_blocking=True)
+            self._copier.copy(self._tensor, self._host)
+            self._fence = self._copier.record()
             return
         ordered = sorted(set(rows))
         if ordered and (ordered[0] < 0 or ordered[-1] >= len(self._host)):
             bad = ordered[0] if ordered[0] < 0 else ordered[-1]
             raise IndexError(f"mirror row {bad} is out of range for {len(self._host)} rows")
+        if not ordered:
+            return
         for start, stop in _runs(ordered):
-            self._tensor[start:stop].copy_(self._host[start:stop], non_blocking=True)
+            self._copier.copy(self._tensor[start:stop], self._host[start:stop])
+        self._fence = self._copier.record()
+
+    def wait_host_free(self) -> None:
+        """Return once every copy :meth:`sync` issued has read the host buffer: the host buffer
+        may be written again. Call before writing it (a no-op when nothing is pending)."""
+        fence = self._fence
+        if fence is not None:
+            fence.synchronize()
+            self._fence = None
+
+    @property
+    def pending(self) -> bool:
+        """Whether copies may still read the host buffer (:meth:`wait_host_free` would wait)."""
+        return self._fence is not None
+
+
+def wait_host_free(*mirrors: DeviceMirror) -> None:
+    """:meth:`DeviceMirror.wait_host_free` on each of ``mirrors``: call before writing their
+    host buffers."""
+    for mirror in mirrors:
+        mirror.wait_host_free()
 
 
 def _runs(rows: list[int]) -> list[tuple[int, int]]:

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep.buffers import check_no_self_overlap, check_writable
 from blockprep.ids import IdRows, check_max_blocks, check_pad, id_rows
 from blockprep.tiling import tile_row, tile_rows
 
@@ -59,6 +60,7 @@ def ring_block_table(
     max_blocks = check_max_blocks(max_blocks)
     ids = id_rows(rows, max_blocks, "ring")
     result, dst = _destination(out, len(ids.lengths), max_blocks)
+    ids = _unaliased(ids, dst)
     work = dst if dst.flags.c_contiguous else np.empty(dst.shape, dtype=np.int32)
     _write_ring(work, ids)
     if work is not dst:
@@ -103,8 +105,16 @@ def paged_block_table(
     pad = check_pad(pad)
     ids = id_rows(rows, max_blocks, "paged")
     result, dst = _destination(out, len(ids.lengths), max_blocks)
-    _write_paged(dst, ids, pad)
+    _write_paged(dst, _unaliased(ids, dst), pad)
     return result
+
+
+def _unaliased(ids: IdRows, dst: npt.NDArray[np.int32]) -> IdRows:
+    """``ids``, copied first when they may share memory with ``dst`` (ids read from the table
+    being written: tiling would read cells it has already overwritten)."""
+    if np.may_share_memory(ids.values, dst):
+        return IdRows(ids.values.copy(), ids.lengths)
+    return ids
 
 
 def _write_ring(dst: npt.NDArray[np.int32], ids: IdRows) -> None:
@@ -148,7 +158,10 @@ def _destination(
             raise TypeError(f"out must be an int32 CPU tensor, got {out.dtype} on {out.device}")
         if tuple(out.shape) != shape:
             raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
-        return out, out.detach().numpy()
+        check_writable(out, "out")
+        view = out.detach().numpy()
+        check_no_self_overlap(view, "out")
+        return out, view
     if isinstance(out, np.ndarray):
         if out.dtype != np.int32:
             raise TypeError(f"out must be an int32 array, got {out.dtype}")
@@ -156,5 +169,6 @@ def _destination(
             raise ValueError(f"out must have shape {shape}, got {out.shape}")
         if not out.flags.writeable:
             raise ValueError("out is read-only")
+        check_no_self_overlap(out, "out")
         return out, out
     raise TypeError(f"out must be a torch.Tensor or numpy.ndarray, got {type(out).__name__}")

@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep.buffers import check_no_self_overlap, check_writable
 from blockprep.ids import INT32_MAX, as_int, checked_ids
 
 
@@ -45,6 +46,8 @@ def paged_slot_mapping(
     target = out.numpy() if isinstance(out, torch.Tensor) else out
     if target.dtype != np.int32 or target.ndim != 1 or len(target) < len(slots):
         raise ValueError(f"out must be int32 with at least {len(slots)} elements")
+    check_writable(out, "out")
+    check_no_self_overlap(target[: len(slots)], "out")
     target[: len(slots)] = slots
     return out
 

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.buffers import host_tensor
+from blockprep.buffers import check_writable, host_tensor
 from blockprep.ids import as_int
 
 
@@ -61,6 +61,7 @@ class PaddedTokenBuffer:
             )
         elif buffer.device.type != "cpu" or not buffer.is_contiguous():
             raise ValueError("buffer must be a contiguous CPU tensor")
+        check_writable(buffer, "buffer")  # a tensor over read-only memory: no SIGSEGV
         self._tensor = buffer
         self._rows: npt.NDArray[Any] = buffer.numpy()
         info = np.iinfo(self._rows.dtype)
@@ -92,6 +93,21 @@ class PaddedTokenBuffer:
                 raise ValueError(
                     f"token row {row} holds token id {token}, outside {self._rows.dtype}"
                 )
+
+    def fits(self, tokens: npt.NDArray[Any]) -> bool:
+        """Whether an integer array of tokens fits the dtype and the rows (no message: on
+        ``False``, :meth:`check_tokens` on its ``tolist()`` names the row)."""
+        if len(tokens) > len(self._rows):
+            return False
+        if not len(tokens) or tokens.dtype == self._rows.dtype:
+            return True
+        low, high = np.minimum.reduce(tokens), np.maximum.reduce(tokens)
+        return bool(self._low <= low and high <= self._high)
+
+    def write_array(self, tokens: npt.NDArray[Any] | list[int]) -> None:
+        """Write ``tokens[i]`` into column 0 of row ``i``, unchecked: call :meth:`fits` (or
+        :meth:`check_tokens`) first."""
+        self._rows[: len(tokens), 0] = tokens
 
     def write(self, tokens: list[int]) -> None:
         """Write ``tokens[i]`` into column 0 of row ``i``; checked first (see

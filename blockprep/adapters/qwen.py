@@ -17,20 +17,30 @@ holding the previous step's inputs.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any, NamedTuple, NoReturn
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
-from blockprep.buffers import DeviceMirror, host_tensor
-from blockprep.ids import as_int
+from blockprep.buffers import DeviceMirror, host_tensor, wait_host_free
+from blockprep.ids import INT32_MAX, as_int
 from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
+from blockprep.wire import DeltaCursor, DeltaMessageError, apply_ops
 
 SAMPLED_IDS_PAD = 8
 """Token columns of upstream's compiled Qwen decode program."""
+
+
+ROW_LOOP_MAX = 24
+"""Batches of at most this many rows (by value or deltas) are checked row by row in Python
+(cheaper than the array checks' fixed cost); larger ones on NumPy arrays."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,15 @@ class QwenDecodePreparer:
             flat_table if self._table_mirror.is_host else self._table_mirror.tensor.view(-1)
         )
         self._inputs_by_count: dict[int, QwenDecodeInputs] = {}
+        self.row_loop_max = ROW_LOOP_MAX
+        self._flat_table = self._table.numpy().reshape(-1)
+        self._lengths = self._table.lengths
+        self._row_starts = np.arange(batch, dtype=np.int64) * self.max_blocks
+        self._seq_view, self._slot_view = self._seq_lens.numpy(), self._slots.numpy()
+        # Deltas: the last message applied, and each request's row as of that step.
+        self._cursor = DeltaCursor()
+        self._request_ids: list[Hashable] | None = None
+        self._request_rows: dict[Hashable, int] = {}
 
     @property
     def block_table(self) -> BlockTable:
@@ -113,14 +132,26 @@ class QwenDecodePreparer:
     def prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
         """Write ``batch`` into the persistent buffers and return them.
 
-        Raises (upstream's messages, in upstream's order; nothing is written):
+        The block lists come by value (``batch.block_ids``) or as a :mod:`blockprep.wire`
+        message (``batch.block_deltas``, one op list per request id; ``block_ids`` left empty).
+        Rows are batch rows: a request at the row it held in the last applied step gets its ops
+        applied there (a page append writes one cell); one that moved rows gets the list it held
+        plus its ops written whole; a new one must come whole. A by-value batch makes the worker
+        forget the message numbers: the next message must build on nothing (``base`` ``None``).
+
+        Raises (upstream's messages, in upstream's order; nothing is written, the delta cursor
+        included):
             ValueError: ``"batch must contain at least one request"``; ``"batch has {n}
                 requests, but runtime max_batch_size is {B}"``; ``"decode token_ids must contain
                 exactly one token per row, got shape {shape}"``; ``"decode seq_lens has {n} rows,
-                expected {A}"``; per row ``"decode seq_lens must be positive"``, ``"decode seq_len
-                {s} exceeds max_seq_len {m}"``, ``"page_ids list length {n} exceeds block-table
-                width {w}"``, ``"page_ids list length {n} is too small for decode position {t};
-                need at least {k} pages"``; then bad page or token ids (row named).
+                expected {A}"``; then, for deltas, :class:`~blockprep.wire.DeltaSequenceError`
+                (the message does not build on the last one applied) and
+                :class:`~blockprep.wire.DeltaMessageError` (a malformed message or op, the
+                request named); then per row ``"decode seq_lens must be positive"``, ``"decode
+                seq_len {s} exceeds max_seq_len {m}"``, ``"page_ids list length {n} exceeds
+                block-table width {w}"``, ``"page_ids list length {n} is too small for decode
+                position {t}; need at least {k} pages"``, a bad page id at the decode position or
+                a slot above int32 (row named); then bad token ids, then bad page ids (row named).
         """
         count = len(batch.request_ids) if batch.request_ids else int(batch.seq_lens.shape[0])
         if count <= 0:
@@ -135,54 +166,248 @@ class QwenDecodePreparer:
                 "decode token_ids must contain exactly one token per row, "
                 f"got shape {tuple(tokens.shape)}"
             )
-        seq_lens_flat = batch.seq_lens.reshape(-1)
-        if seq_lens_flat.numel() < count:
-            raise ValueError(f"decode seq_lens has {seq_lens_flat.numel()} rows, expected {count}")
-        seq_lens: list[int] = seq_lens_flat[:count].tolist()
+        if batch.seq_lens.numel() < count:
+            raise ValueError(f"decode seq_lens has {batch.seq_lens.numel()} rows, expected {count}")
+        message = getattr(batch, "block_deltas", None)  # upstream's DecodeBatch has none
+        if count <= self.row_loop_max:
+            step = None if message is None else self._delta_step(message, batch.request_ids, count)
+            return self._prepare_small(batch, count, step)
+        rows: Sequence[Sequence[int]] | None
+        if message is None:  # by value: every row is written (a hit costs one comparison)
+            block_ids = batch.block_ids
+            rows = block_ids if len(block_ids) == count else _rows_of(block_ids, count)
+            items: Any = enumerate(rows)
+            row_lengths = list(map(len, rows))
+            too_long = max(row_lengths) > self.max_blocks
+            lengths: npt.NDArray[Any] = np.array(row_lengths)
+            step = None
+        else:  # deltas: only the rows of requests that changed or moved
+            step = self._delta_step(message, batch.request_ids, count)
+            items = step.items
+            rows = None
+            lengths = self._lengths[:count].astype(np.int64)  # the table's, patched
+            too_long = False
+            if items:
+                for row, ids in items.items():
+                    lengths[row] = len(ids)
+                    too_long |= len(ids) > self.max_blocks
+        seq = _int64(batch.seq_lens, count)
+        token_values = _int64(tokens, count)
+        page_size = self.page_size
+        position = seq - 1
+        column = position // page_size
+        # Upstream's per-row checks, on arrays (a seq_len below 1 wraps to a huge unsigned
+        # position); on a fault the row loop picks the message.
+        if (
+            too_long
+            or np.maximum.reduce(position.view(np.uint64)) >= self.max_seq_len
+            or np.count_nonzero(column >= lengths)
+            or not self._tokens.fits(token_values)
+        ):
+            self._raise_first_fault(seq, rows, items, tokens)
+        plan = None
+        if rows is not None or items:  # deltas that change nothing: no table work at all
+            try:
+                plan = self._table.plan_rows(items)
+            except (TypeError, ValueError):
+                self._raise_first_fault(seq, rows, items, tokens)
+        # Each row's page at its decode position: one gather from the table as it stands, the
+        # rows the plan rewrites patched from their new ids; checked before anything is written.
+        pages = self._flat_table[self._row_starts[:count] + column].astype(np.int64)
+        new_ids = rows if rows is not None else items
+        for row in plan.rows if plan is not None else ():
+            pages[row] = operator.index(new_ids[row][column[row]])
+        slots = pages * page_size
+        slots += position
+        slots -= column * page_size
+        if np.maximum.reduce(slots) > INT32_MAX:
+            self._raise_first_fault(seq, rows, items, tokens)
+        # Everything is checked: from here on nothing raises.
+        wait_host_free(*self._mirrors.values(), self._table_mirror)  # step N-1 copies done
+        if plan is not None:
+            self._table.commit(plan)
+        if step is None:
+            self._cursor.last = None
+            self._request_ids = None
+            self._request_rows = {}
+        else:
+            self._cursor.last = step.seq
+            self._request_ids = list(batch.request_ids)
+            self._request_rows = step.rows
+        self._write_rows(count, token_values, seq, slots)
+        return self._inputs(count)
+
+    def _prepare_small(
+        self, batch: DecodeBatch, count: int, step: _DeltaStep | None
+    ) -> QwenDecodeInputs:
+        """A small batch (by value, or the rows a checked message ``step`` changes): upstream's
+        checks row by row in Python, which beats the fixed cost of the array checks below
+        ``row_loop_max`` rows; same results and errors."""
+        seq_lens = _values(batch.seq_lens, count)
         block_ids, width, page_size = batch.block_ids, self.max_blocks, self.page_size
-        pages: list[Sequence[int]] = []
+        table, max_seq_len = self._table, self.max_seq_len
+        page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
+        items = None if step is None else step.items
+        pages: list[Sequence[Any]] = []
         slots: list[int] = []
-        for row, seq_len in enumerate(seq_lens):  # upstream's checks, in its order, row by row
+        lists: Sequence[Sequence[Any] | None]
+        if items is None:
+            lists = block_ids if len(block_ids) == count else _rows_of(block_ids, count)
+        else:  # the rows as the table holds them, the message's changes patched in
+            lists = table.held_rows(count)
+            for row, ids in items.items():
+                lists[row] = ids
+        for row, (seq_len, held) in enumerate(zip(seq_lens, lists, strict=True)):
+            # upstream's checks, in its order, row by row
             if seq_len <= 0:
                 raise ValueError("decode seq_lens must be positive")
-            if seq_len > self.max_seq_len:
-                raise ValueError(f"decode seq_len {seq_len} exceeds max_seq_len {self.max_seq_len}")
-            row_pages = block_ids[row] if row < len(block_ids) else []
+            if seq_len > max_seq_len:
+                raise ValueError(f"decode seq_len {seq_len} exceeds max_seq_len {max_seq_len}")
+            row_pages = held or []
             if len(row_pages) > width:
                 raise ValueError(
                     f"page_ids list length {len(row_pages)} exceeds block-table width {width}"
                 )
-            slots.append(decode_slot(row, row_pages, seq_len, page_size))
+            position = seq_len - 1
+            index = position // page_size
+            page = row_pages[index] if index < len(row_pages) else None
+            if type(page) is int and 0 <= page <= page_max:  # decode_slot, inline
+                slots.append(page * page_size + position - index * page_size)
+            else:  # raises what upstream's row check raises, or converts a NumPy integer
+                slots.append(decode_slot(row, row_pages, seq_len, page_size))
             pages.append(row_pages)
-        token_values: list[int] = tokens.reshape(-1).tolist()
+        token_values = _values(batch.token_ids, count)
         self._tokens.check_tokens(token_values)
-        # The last check: the block table checks every changed row before writing any.
-        self._table.write_rows(pages)
+        if items is None:
+            wait_host_free(*self._mirrors.values(), self._table_mirror)  # step N-1 copies done
+            table.write_rows(pages)  # the last check: every changed row before writing any
+            self._cursor.last = None
+            self._request_ids = None
+            self._request_rows = {}
+        else:
+            assert step is not None
+            plan = table.plan_rows(items) if items else None  # the last check
+            wait_host_free(*self._mirrors.values(), self._table_mirror)
+            if plan is not None:
+                table.commit(plan)
+            self._cursor.last = step.seq
+            self._request_ids = list(batch.request_ids)
+            self._request_rows = step.rows
         self._write_rows(count, token_values, seq_lens, slots)
         return self._inputs(count)
 
     def reset(self) -> None:
         """What upstream's warm-up does: forget every cached block-table row (the next step
-        rewrites them all) and re-initialise the token padding. Call after anything else wrote
-        the buffers."""
+        rewrites them all) and re-initialise the token padding. The delta cursor is forgotten
+        too: the next message must build on nothing. Call after anything else wrote the
+        buffers."""
         self._table.invalidate()
+        wait_host_free(*self._mirrors.values(), self._table_mirror)
         self._tokens.reset()
+        self._cursor.last = None
+        self._request_ids = None
+        self._request_rows = {}
         self._sync_all()
 
+    def _delta_step(
+        self, message: object, request_ids: Sequence[Hashable], count: int
+    ) -> _DeltaStep:
+        """The new id lists of the rows a message changes, checked against what the worker holds
+        as of the last applied step; nothing changed."""
+        seq, deltas = self._cursor.check(message)
+        if len(request_ids) != count:
+            raise DeltaMessageError(
+                f"a batch with block deltas needs one request id per row, got "
+                f"{len(request_ids)} for {count} rows"
+            )
+        fresh = message["base"] is None  # type: ignore[index]
+        held_rows = {} if fresh else self._request_rows
+        items: dict[int, Any] = {}
+        if not fresh and request_ids == self._request_ids:  # nobody joined, left or moved
+            index = held_rows
+        else:
+            index = dict(zip(request_ids, range(count), strict=True))
+            if len(index) != count:
+                raise DeltaMessageError("request ids repeat within a batch with block deltas")
+            for row, request in enumerate(request_ids):
+                old = held_rows.get(request)
+                if old == row:
+                    continue
+                if old is None:  # new to the worker: the message's whole list (checked below)
+                    if request not in deltas:
+                        raise DeltaMessageError(
+                            f"request {request!r} is new to the worker, but the message carries "
+                            "no block ids for it: send it whole"
+                        )
+                    items[row] = None
+                    continue
+                held = self._table.cached_ids(old)
+                if held is None:
+                    raise DeltaMessageError(
+                        f"the worker no longer holds the block ids of request {request!r}: "
+                        "reset the encoder and send every request whole"
+                    )
+                items[row] = held
+        for request, ops in deltas.items():
+            where = index.get(request)
+            if where is None:
+                raise DeltaMessageError(
+                    f"request {request!r} has block deltas but is not in the batch"
+                )
+            held = items[where] if where in items else self._table.cached_ids(where)
+            try:
+                items[where] = apply_ops(ops, held)
+            except DeltaMessageError as error:
+                raise DeltaMessageError(f"{error} (request {request!r})") from None
+        return _DeltaStep(seq, index, items)
+
+    def _raise_first_fault(
+        self,
+        seq: npt.NDArray[np.int64],
+        rows: Sequence[Sequence[int]] | None,
+        items: Any,
+        tokens: torch.Tensor,
+    ) -> NoReturn:
+        """Upstream's row-by-row checks, in its order, raising the first fault's message; then
+        the tokens, then the new block ids. Called only once the array checks found a fault."""
+        width, page_size = self.max_blocks, self.page_size
+        for row, seq_len in enumerate(seq.tolist()):
+            if seq_len <= 0:
+                raise ValueError("decode seq_lens must be positive")
+            if seq_len > self.max_seq_len:
+                raise ValueError(f"decode seq_len {seq_len} exceeds max_seq_len {self.max_seq_len}")
+            if rows is not None:
+                row_pages: Sequence[Any] = rows[row]
+            elif row in items:
+                row_pages = items[row]
+            else:
+                row_pages = self._table.cached_ids(row) or []
+            if len(row_pages) > width:
+                raise ValueError(
+                    f"page_ids list length {len(row_pages)} exceeds block-table width {width}"
+                )
+            decode_slot(row, row_pages, seq_len, page_size)
+        self._tokens.check_tokens(tokens.reshape(-1).tolist())
+        self._table.plan_rows(enumerate(rows) if rows is not None else items)
+        raise AssertionError("the array checks found a fault that the row checks do not")
+
     def _write_rows(
-        self, count: int, tokens: list[int], seq_lens: list[int], slots: list[int]
+        self,
+        count: int,
+        tokens: npt.NDArray[np.int64] | list[int],
+        seq_lens: npt.NDArray[np.int64] | list[int],
+        slots: npt.NDArray[np.int64] | list[int],
     ) -> None:
         """Write the checked step and replicate row 0 into rows ``count..B-1``."""
-        self._tokens.write(tokens)
-        seq_view, slot_view = self._seq_lens.numpy(), self._slots.numpy()
+        self._tokens.write_array(tokens)
+        seq_view, slot_view = self._seq_view, self._slot_view
         seq_view[:count] = seq_lens
         slot_view[:count] = slots
         if count < self.max_batch_size:
-            padding = range(count, self.max_batch_size)
             self._tokens.replicate(0, count)
-            seq_view[count:] = seq_lens[0]
-            slot_view[count:] = slots[0]
-            self._table.fill_rows(0, padding)
+            seq_view[count:] = seq_view[0]
+            slot_view[count:] = slot_view[0]
+            self._table.fill_rows(0, range(count, self.max_batch_size))
         dirty = self._table.take_dirty()
         if not self._table_mirror.is_host:
             for mirror in self._mirrors.values():
@@ -205,6 +430,47 @@ class QwenDecodePreparer:
                 slot_mapping=mirrors["slot_mapping"].tensor,
             )
         return inputs
+
+
+class _DeltaStep(NamedTuple):
+    """A checked message: its number, each request's row, the new ids of the rows it changes."""
+
+    seq: int
+    rows: dict[Hashable, int]
+    items: dict[int, Any]
+
+
+def _rows_of(block_ids: Sequence[Sequence[int]], count: int) -> list[Sequence[int]]:
+    """The first ``count`` page lists, ``[]`` for rows past the end (upstream's default)."""
+    return [block_ids[row] if row < len(block_ids) else [] for row in range(count)]
+
+
+def _values(values: torch.Tensor, count: int) -> list[Any]:
+    """The first ``count`` values of a tensor as Python numbers (a 1-D tensor of ``count``
+    values directly: reshaping and slicing a tensor cost more than the conversion)."""
+    if values.ndim == 1 and values.shape[0] == count:
+        listed: list[Any] = values.tolist()
+        return listed
+    flat: list[Any] = values.reshape(-1)[:count].tolist()
+    return flat
+
+
+_INT64 = np.dtype(np.int64)
+
+
+def _int64(values: torch.Tensor, count: int) -> npt.NDArray[np.int64]:
+    """A tensor's first ``count`` values, flattened, as int64 NumPy (a view when it can be;
+    other dtypes cast as upstream's int32 copy did, without its wrap-around)."""
+    try:
+        array = values.numpy()
+    except (RuntimeError, TypeError):  # on a device, or needing grad, or no NumPy dtype
+        array = values.detach().cpu().to(torch.int64).numpy()
+    flat: npt.NDArray[Any] = array.reshape(-1)[:count]
+    if flat.dtype is _INT64 or flat.dtype == _INT64:
+        return flat
+    if flat.dtype.kind not in "iu":
+        flat = torch.from_numpy(np.ascontiguousarray(flat)).to(torch.int64).numpy()
+    return flat.astype(np.int64)
 
 
 class QwenDecodeAdapter:

@@ -31,7 +31,7 @@ from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.batch import DecodeBatch
 from blockprep.block_table import BlockTable
 from blockprep.builders import paged_block_table, ring_block_table
-from blockprep.testing import DeepSeekV4SchedulerSim
+from blockprep.simulation import DeepSeekV4SchedulerSim
 from blockprep.wire import BlockDeltaEncoder
 
 CONSTRUCTIONS = ("pre-fix", "fix", "blockprep")
@@ -606,4 +606,7 @@ def standard_workloads() -> dict[str, Workload]:
             "paged-8x128-mixed", "paged", 8, 128, mixed_paged, "paged_block_table 8x128, 1..30 ids"
         ),
     ]
+    from blockprep.bench.qwen_workloads import qwen_wire_workloads  # it imports this module
+
+    workloads += qwen_wire_workloads()
     return {workload.name: workload for workload in workloads}

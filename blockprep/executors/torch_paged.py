@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -157,11 +157,19 @@ class Qwen3Weights:
         cls,
         state_dict: Mapping[str, torch.Tensor],
         *,
-        rms_norm_eps: float = 1e-6,
-        rope_theta: float = 1_000_000.0,
+        rms_norm_eps: float | None = None,
+        rope_theta: float | None = None,
         dtype: torch.dtype = torch.float32,
+        config: Any = None,
     ) -> Qwen3Weights:
         """Build from a Hugging Face style Qwen3 ``state_dict``.
+
+        ``config``: the model's ``transformers.Qwen3Config`` (or any object with its attributes).
+        When given, ``rms_norm_eps`` and ``rope_theta`` come from it (:func:`config_numbers`; an
+        explicit value that differs raises ``ValueError``) and its head counts, sizes and layer
+        count must match the state dict's. Without it they default to ``1e-6`` and ``1e6`` (the
+        released Qwen3 checkpoints' values; ``Qwen3Config()`` itself defaults ``rope_theta`` to
+        10,000, so pass the config or the value when the model was built from a bare config).
 
         Keys are ``[model.]embed_tokens.weight``, ``[model.]layers.{i}.self_attn.{q,k,v,o}_proj
         .weight``, ``...self_attn.{q,k}_norm.weight``, ``...{input,post_attention}_layernorm
@@ -171,6 +179,7 @@ class Qwen3Weights:
         Tensors are detached, cast to ``dtype`` and copied. Raises ``ValueError`` on a missing,
         unexpected (e.g. an attention bias) or mis-shaped key.
         """
+        rms_norm_eps, rope_theta = _numbers(config, rms_norm_eps, rope_theta)
         sd: dict[str, torch.Tensor] = {}
         for key, value in state_dict.items():
             name = key[len("model.") :] if key.startswith("model.") else key
@@ -207,6 +216,8 @@ class Qwen3Weights:
             rms_norm_eps=rms_norm_eps,
             rope_theta=rope_theta,
         )
+        if config is not None:
+            _check_config_dims(config, dims)
         weights = cls(dims=dims, embed_tokens=embed, layers=layers, norm=norm, lm_head=lm_head)
         weights.check_shapes()
         return weights
@@ -245,6 +256,58 @@ class Qwen3Weights:
                 raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
 
 
+def config_numbers(config: Any) -> tuple[float, float]:
+    """``(rope_theta, rms_norm_eps)`` of a ``transformers`` Qwen3 config: ``rope_parameters``
+    (transformers 5) or ``rope_theta`` and ``rope_scaling`` (earlier). Raises ``ValueError`` for
+    a RoPE type other than the default one (this executor implements only that) or a config
+    without ``rope_theta``."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is None:
+        raise ValueError("the config has no rope_theta")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise ValueError(f"RoPE type {rope_type!r} is not supported, only 'default'")
+    return float(theta), float(config.rms_norm_eps)
+
+
+def _numbers(
+    config: Any, rms_norm_eps: float | None, rope_theta: float | None
+) -> tuple[float, float]:
+    """``(rms_norm_eps, rope_theta)``: the config's when given (explicit values must agree),
+    else the explicit values or the Qwen3 checkpoints' defaults."""
+    if config is None:
+        return (
+            1e-6 if rms_norm_eps is None else rms_norm_eps,
+            1_000_000.0 if rope_theta is None else rope_theta,
+        )
+    theta, eps = config_numbers(config)
+    for name, given, found in (
+        ("rms_norm_eps", rms_norm_eps, eps),
+        ("rope_theta", rope_theta, theta),
+    ):
+        if given is not None and given != found:
+            raise ValueError(f"{name}={given} disagrees with the config's {found}")
+    return eps, theta
+
+
+def _check_config_dims(config: Any, dims: Qwen3Dims) -> None:
+    """The config's sizes must be those inferred from the state dict."""
+    pairs = (
+        ("vocab_size", dims.vocab_size),
+        ("hidden_size", dims.hidden_size),
+        ("intermediate_size", dims.intermediate_size),
+        ("num_hidden_layers", dims.num_layers),
+        ("num_attention_heads", dims.num_heads),
+        ("num_key_value_heads", dims.num_kv_heads),
+        ("head_dim", dims.head_dim),
+    )
+    for name, inferred in pairs:
+        value = getattr(config, name, None)
+        if value is not None and value != inferred:
+            raise ValueError(f"config {name}={value} but the state dict has {inferred}")
+
+
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Qwen3 RMSNorm over the last dim, computed in float32 and cast back to ``x.dtype``."""
     xf = x.to(torch.float32)
@@ -267,9 +330,7 @@ class TorchPagedQwen3Executor:
     Usage: :meth:`prefill` each request's prompt into its pages, then call :meth:`run_decode`
     (directly or through ``QwenDecodeAdapter``) once per step with the prepared buffers::
 
-        executor = TorchPagedQwen3Executor.from_state_dict(
-            hf_model.state_dict(), num_pages=96, page_size=4, rope_theta=10_000.0
-        )
+        executor = TorchPagedQwen3Executor.from_transformers(hf_model, num_pages=96, page_size=4)
         first = int(executor.prefill(prompt, pages)[-1].argmax())
         preparer = QwenDecodePreparer(max_batch_size=4, max_seq_len=64, page_size=4)
         result = QwenDecodeAdapter(preparer, executor).run_decode(
@@ -308,15 +369,40 @@ class TorchPagedQwen3Executor:
         *,
         num_pages: int,
         page_size: int,
-        rms_norm_eps: float = 1e-6,
-        rope_theta: float = 1_000_000.0,
+        rms_norm_eps: float | None = None,
+        rope_theta: float | None = None,
         dtype: torch.dtype = torch.float32,
+        config: Any = None,
     ) -> TorchPagedQwen3Executor:
         """Shorthand for ``TorchPagedQwen3Executor(Qwen3Weights.from_state_dict(...), ...)``."""
         weights = Qwen3Weights.from_state_dict(
-            state_dict, rms_norm_eps=rms_norm_eps, rope_theta=rope_theta, dtype=dtype
+            state_dict,
+            rms_norm_eps=rms_norm_eps,
+            rope_theta=rope_theta,
+            dtype=dtype,
+            config=config,
         )
         return cls(weights, num_pages=num_pages, page_size=page_size)
+
+    @classmethod
+    def from_transformers(
+        cls,
+        model: Any,
+        *,
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> TorchPagedQwen3Executor:
+        """From a ``transformers`` ``Qwen3ForCausalLM`` (or ``Qwen3Model``): its weights, and
+        ``rope_theta`` and ``rms_norm_eps`` from its ``config`` (never a default that may differ
+        from the model's)."""
+        return cls.from_state_dict(
+            model.state_dict(),
+            num_pages=num_pages,
+            page_size=page_size,
+            dtype=dtype,
+            config=model.config,
+        )
 
     def reset_cache(self) -> None:
         """Zero every page of every layer's K and V cache."""

@@ -8,8 +8,9 @@ padding rules and error messages. The tables live in a :class:`~blockprep.groupe
 changed since the latest step of any slot and every buffer still equals upstream's full rebuild
 (:func:`blockprep.reference.deepseek_v4_decode_rebuild`). This package holds only what is
 DeepSeek's: ``layout`` (groups, widths, ring lengths, scratch pages), ``assignment`` (ranks and
-local rows), ``checks`` (upstream's block-id checks in upstream's order), ``mtp`` and
-``preparer`` (the dynamic inputs, the hidden-state contract, the step).
+local rows), ``checks`` (upstream's block-id checks in upstream's order), ``mtp``,
+``preparer`` (the dynamic inputs, the hidden-state contract, the step) and ``abi`` (upstream's
+recorded ``l3_decode_fwd`` arguments: names, positions, shapes, dtypes).
 
 A step checks everything (upstream's checks, then the id rule of :mod:`blockprep.grouped`, then
 the hidden states' copy to the host) before its first write; a rejected batch leaves every slot,

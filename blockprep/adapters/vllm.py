@@ -1,0 +1,658 @@
+"""vLLM-style block tables: vLLM MRv1's worker block-table API on :class:`~blockprep.BlockTable`.
+
+:class:`VllmBlockTable` and :class:`VllmMultiGroupBlockTable` take vLLM's method names, argument
+order and semantics (``vllm/v1/worker/block_table.py``, ``BlockTable`` and
+``MultiGroupBlockTable``, read at vllm-project/vllm commit
+``01edfd091847f63b5db913c293f4834c823dac40``), so that a vLLM-like worker can swap them in, and
+add what vLLM's lacks: every id and row is checked before anything is written (an error names the
+row and the value and leaves table, counts and caches as they were), rows past their count always
+hold 0, and :meth:`VllmBlockTable.apply_step` applies a whole scheduler step's row operations in a
+few NumPy calls. The differences from vLLM are listed in :class:`VllmBlockTable`'s docstring.
+
+Example::
+
+    table = VllmBlockTable(16, max_num_reqs=4, max_num_blocks_per_req=8,
+                           max_num_batched_tokens=32)
+    table.add_row([7, 3], 0)
+    table.append_row([9], 0)
+    table.commit_block_table(1)
+    table.compute_slot_mapping(np.array([0, 0]), np.array([15, 40]))  # [7*16+15, 9*16+8]
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+import torch
+
+from blockprep.block_table import BlockTable
+from blockprep.buffers import DeviceMirror, host_tensor
+from blockprep.ids import INT32_MAX, NEGATIVE_ID_MESSAGE, as_int, has_integer_dtype, is_integer_id
+
+PAD_SLOT_ID = -1
+"""The slot of a token past the step's tokens (vLLM's ``PAD_SLOT_ID``)."""
+
+_T = TypeVar("_T")
+
+Ids = Sequence[int] | npt.NDArray[Any] | torch.Tensor
+"""One group's block ids: a list (the fast path), a tuple, a 1-D integer array or tensor."""
+
+GroupIds = Sequence[Ids]
+"""One id list per KV cache group (vLLM's ``tuple[list[int], ...]``)."""
+
+RowItems = Mapping[int, _T] | Iterable[tuple[int, _T]]
+"""Per-row values: a ``{row: value}`` mapping or ``(row, value)`` pairs."""
+
+_INT_ONLY = {int}
+_ROW_COPY_LOOP_MAX = 8
+"""A commit to a CPU copy copies up to this many rows one by one; more, in one gathered copy."""
+
+
+def _positive(value: object, name: str) -> int:
+    number = as_int(value, name)
+    if number < 1:
+        raise ValueError(f"{name} must be positive, got {number}")
+    return number
+
+
+def _kernel_block_size(block_size: int, kernel_block_size: int | None) -> None:
+    if kernel_block_size is not None and kernel_block_size != block_size:
+        raise ValueError(
+            f"kernel_block_size {kernel_block_size} differs from block_size {block_size}: "
+            "hybrid kernel blocks are not supported"
+        )
+
+
+def _items(items: RowItems[_T]) -> Iterable[tuple[int, _T]]:
+    if type(items) is list or type(items) is tuple or not isinstance(items, Mapping):
+        return items
+    return items.items()
+
+
+def _plain(ids: object) -> bool:
+    """Whether ``ids`` is a list of plain ints in ``[0, INT32_MAX]`` (decided in C)."""
+    if type(ids) is not list:
+        return False
+    if len(ids) == 1:
+        x = ids[0]
+        return type(x) is int and 0 <= x <= INT32_MAX
+    return not ids or (set(map(type, ids)) == _INT_ONLY and min(ids) >= 0 and max(ids) <= INT32_MAX)
+
+
+def _checked_ids(where: str, ids: object, count: int, max_blocks: int) -> list[int]:
+    """``ids`` as plain ints for a row holding ``count`` of at most ``max_blocks`` blocks;
+    ``TypeError``/``ValueError`` naming ``where`` (the row) and the offending value."""
+    if _plain(ids):
+        values: list[Any] = ids  # type: ignore[assignment]
+    else:
+        if isinstance(ids, (np.ndarray, torch.Tensor)):
+            if ids.ndim != 1:
+                raise ValueError(
+                    f"{where} block ids must be one-dimensional, got shape {tuple(ids.shape)}"
+                )
+            if not has_integer_dtype(ids):
+                raise TypeError(
+                    f"{where} block ids have dtype {ids.dtype}; block IDs must be integers"
+                )
+            raw: list[Any] = ids.tolist()
+        elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            name = type(ids).__name__
+            raise TypeError(f"{where} block ids must be a sequence of ints, got {name}")
+        else:
+            raw = list(ids)
+        values = []
+        for x in raw:
+            if not is_integer_id(x):
+                name = type(x).__name__
+                raise TypeError(f"{where} holds {x!r} of type {name}; block IDs must be integers")
+            value = operator.index(x)
+            if value < 0:
+                raise ValueError(f"{NEGATIVE_ID_MESSAGE} ({where}, id {value})")
+            if value > INT32_MAX:
+                raise ValueError(f"{where} holds block ID {value}, maximum is {INT32_MAX}")
+            values.append(value)
+    if count + len(values) > max_blocks:
+        raise ValueError(
+            f"{where} would hold {count + len(values)} blocks, maximum is {max_blocks}"
+        )
+    return values
+
+
+class VllmBlockTable:
+    """vLLM's worker ``BlockTable`` (one KV cache group) on a validated, atomic ``BlockTable``.
+
+    Args, in vLLM's order:
+        block_size: tokens per block (positive).
+        max_num_reqs: rows.
+        max_num_blocks_per_req: columns.
+        max_num_batched_tokens: length of the ``slot_mapping`` buffer.
+        pin_memory: pin the host buffers (when an accelerator is present).
+        device: where :meth:`get_device_tensor` lives (a torch device string). On ``"cpu"`` the
+            device tensor is the host tensor itself, unless ``separate=True`` asks for a distinct
+            copy that :meth:`commit_block_table` refreshes, as vLLM's ``CpuGpuBuffer`` does.
+        kernel_block_size: ``None`` or ``block_size`` (hybrid kernel blocks are not supported).
+
+    Buffers: ``get_cpu_tensor()`` int32 ``[max_num_reqs, max_num_blocks_per_req]`` (persistent,
+    address fixed for life), ``get_numpy_array()`` a view of it, ``num_blocks_per_row`` int32
+    ``[max_num_reqs]`` (read-only view that follows every write), ``slot_mapping`` NumPy int64
+    ``[max_num_batched_tokens]`` (a view of ``slot_mapping_cpu``).
+
+    Differences from vLLM (``vllm/v1/worker/block_table.py`` at ``01edfd09``):
+
+    - Validation, all-or-nothing: a negative id, an id above ``2**31 - 1``, a non-integer id,
+      more blocks than the row has columns, or a row index out of range raises ``ValueError``,
+      ``TypeError`` or ``IndexError`` naming the row and the value, having written nothing. vLLM
+      writes negative ids as they are, wraps a negative row index around, and on an oversized
+      ``append_row`` raises only after it has raised the row's count (the row keeps a wrong count
+      for later appends and for the slot mapping).
+    - No stale tails: a row holds 0 past its count after every call. vLLM's ``move_row`` and
+      ``add_row`` leave the target's old ids past the new count.
+    - ``num_blocks_per_row`` is read-only (vLLM's is a writable array the methods update).
+    - ``compute_slot_mapping(req_indices, positions)`` is vLLM's NumPy form (before the Triton
+      kernel that takes ``query_start_loc``); like the kernel it pads the buffer past the tokens
+      with -1, and it refuses a position past its row's blocks (vLLM reads whatever the cell
+      holds) and a row or token count out of range. It returns the filled ``slot_mapping`` view.
+    - ``commit_block_table(num_reqs)`` copies only the span of rows below ``num_reqs`` written
+      since they were last copied, and nothing when none was (vLLM copies ``num_reqs`` rows every
+      step); on a shared CPU "device" there is nothing to copy.
+    - ``get_device_tensor(num_reqs=None)``: every row when ``num_reqs`` is omitted.
+    - :meth:`apply_step` (a whole scheduler step in one call) has no vLLM counterpart.
+    - Hybrid kernel block sizes and decode context parallelism are not supported.
+    - Rows must be written through these methods: writing the NumPy view directly bypasses the
+      row cache (call ``table.invalidate()``; afterwards only ``add_row`` may write the row).
+    """
+
+    def __init__(
+        self,
+        block_size: int,
+        max_num_reqs: int,
+        max_num_blocks_per_req: int,
+        max_num_batched_tokens: int,
+        pin_memory: bool = False,
+        device: str | torch.device = "cpu",
+        kernel_block_size: int | None = None,
+        *,
+        separate: bool = False,
+    ) -> None:
+        self.block_size = _positive(block_size, "block_size")
+        _kernel_block_size(self.block_size, kernel_block_size)
+        self.max_num_reqs = as_int(max_num_reqs, "max_num_reqs")
+        self.max_num_blocks_per_req = _positive(max_num_blocks_per_req, "max_num_blocks_per_req")
+        self.max_num_batched_tokens = as_int(max_num_batched_tokens, "max_num_batched_tokens")
+        if self.max_num_batched_tokens < 0:
+            raise ValueError(
+                f"max_num_batched_tokens must be non-negative, got {self.max_num_batched_tokens}"
+            )
+        self.pin_memory = pin_memory
+        self.device = torch.device(device)
+        self._table = BlockTable(
+            self.max_num_reqs,
+            self.max_num_blocks_per_req,
+            kind="paged",
+            pad=0,
+            pin_memory=pin_memory,
+        )
+        self._mirror = DeviceMirror(self._table.tensor, self.device, separate=separate)
+        self._host = self._table.tensor
+        self._host_np = self._table.numpy()
+        device_tensor = self._mirror.tensor
+        self._device_np: npt.NDArray[np.int32] | None = (
+            device_tensor.numpy() if device_tensor.device.type == "cpu" else None
+        )
+        self._stale: set[int] = set()  # rows written but not yet copied to the device tensor
+        self._lengths = self._table.lengths
+        self.slot_mapping_cpu = host_tensor(
+            (self.max_num_batched_tokens,), torch.int64, fill=PAD_SLOT_ID, pin_memory=pin_memory
+        )
+        self.slot_mapping: npt.NDArray[np.int64] = self.slot_mapping_cpu.numpy()
+
+    # --- buffers ---------------------------------------------------------------------------------
+
+    @property
+    def table(self) -> BlockTable:
+        """The underlying :class:`~blockprep.BlockTable` (``kind="paged"``, ``pad=0``)."""
+        return self._table
+
+    @property
+    def num_blocks_per_row(self) -> npt.NDArray[np.int32]:
+        """Blocks each row holds, int32 ``[max_num_reqs]``: a read-only view."""
+        return self._lengths
+
+    def get_numpy_array(self) -> npt.NDArray[np.int32]:
+        """The host table as a NumPy view ``[max_num_reqs, max_num_blocks_per_req]``."""
+        return self._table.numpy()
+
+    def get_cpu_tensor(self) -> torch.Tensor:
+        """The persistent host table, int32 ``[max_num_reqs, max_num_blocks_per_req]``."""
+        return self._host
+
+    def get_device_tensor(self, num_reqs: int | None = None) -> torch.Tensor:
+        """The device table (its first ``num_reqs`` rows); current after
+        :meth:`commit_block_table`."""
+        device = self._mirror.tensor
+        return device if num_reqs is None else device[:num_reqs]
+
+    # --- per-row operations (vLLM's) -----------------------------------------------------------
+
+    def append_row(self, block_ids: Ids, row_idx: int) -> None:
+        """Row ``row_idx`` gains ``block_ids`` after its current blocks."""
+        self._table.append(row_idx, block_ids)
+
+    def add_row(self, block_ids: Ids, row_idx: int) -> None:
+        """Row ``row_idx`` holds ``block_ids`` (then 0), whatever it held before."""
+        self._table.apply_deltas(truncate={row_idx: 0}, append={row_idx: block_ids})
+
+    def clear_row(self, row_idx: int) -> None:
+        """Row ``row_idx`` holds no blocks (its used cells reset to 0)."""
+        self._table.clear_row(row_idx)
+
+    def move_row(self, src: int, tgt: int) -> None:
+        """Row ``tgt`` becomes a copy of row ``src`` (which keeps its blocks)."""
+        self._table.copy_row(src, tgt)
+
+    def swap_row(self, src: int, tgt: int) -> None:
+        """Rows ``src`` and ``tgt`` exchange their blocks."""
+        self._table.swap_rows(src, tgt)
+
+    def clear(self) -> None:
+        """Every row holds no blocks; the device table is zeroed too."""
+        for row in np.flatnonzero(self._lengths).tolist():
+            self._table.clear_row(row)
+        self._table.take_dirty()
+        self._stale.clear()
+        if not self._mirror.is_host:
+            self._mirror.tensor.fill_(0)
+
+    # --- a whole step ----------------------------------------------------------------------------
+
+    def apply_step(
+        self,
+        *,
+        finished: Iterable[int] = (),
+        appended: RowItems[Ids | None] = (),
+        added: RowItems[Ids] = (),
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """Apply one scheduler step's row operations at once, all-or-nothing.
+
+        In this order, as a vLLM worker applies a ``SchedulerOutput``: ``finished`` rows are
+        cleared (``clear_row``); each ``appended`` row gains its new block ids (``append_row``;
+        ``None`` or an empty list: nothing, as vLLM's ``new_block_ids`` may be); each ``added``
+        row holds its ids (``add_row``, a new or resumed request); each ``(src, tgt)`` of
+        ``moves`` copies ``src`` into ``tgt`` in order (``move_row``, closing gaps); then, when
+        ``num_reqs`` is given, :meth:`commit_block_table`. ``appended`` and ``added`` are
+        ``{row: ids}`` mappings or ``(row, ids)`` pairs (a row once in each, and not in both).
+
+        Everything is checked before anything is written: an error leaves table, counts and
+        caches as they were. The writes are one :meth:`BlockTable.apply_deltas` call (a few NumPy
+        calls), then one row copy per move.
+        """
+        commit = None if num_reqs is None else self._num_reqs(num_reqs)
+        table = self._table
+        truncate, append, pairs = _step_deltas(
+            table, finished, _items(appended), _items(added), moves
+        )
+        if truncate or append:
+            table.apply_deltas(truncate=truncate, append=append)
+        for src, tgt in pairs:  # rows checked: cannot raise
+            table.copy_row(src, tgt)
+        if commit is not None:
+            self.commit_block_table(commit)
+
+    # --- hand-off --------------------------------------------------------------------------------
+
+    def commit_block_table(self, num_reqs: int) -> None:
+        """Make the device table's first ``num_reqs`` rows equal the host's (``non_blocking``)."""
+        if type(num_reqs) is not int or not 0 <= num_reqs <= self.max_num_reqs:
+            num_reqs = self._num_reqs(num_reqs)
+        dirty = self._table.take_dirty()
+        if self._mirror.is_host:
+            return
+        stale = self._stale
+        if dirty:
+            stale.update(dirty)
+        if not stale:
+            return
+        below = [row for row in stale if row < num_reqs]
+        if not below:
+            return
+        device_np = self._device_np
+        if device_np is not None:  # a CPU copy: only the rows written
+            if len(below) <= _ROW_COPY_LOOP_MAX:
+                host_np = self._host_np
+                for row in below:
+                    device_np[row] = host_np[row]
+            else:
+                device_np[below] = self._host_np[below]
+        else:  # one copy of the span that holds them
+            lo, hi = min(below), max(below) + 1
+            self._mirror.tensor[lo:hi].copy_(self._host[lo:hi], non_blocking=True)
+        stale.difference_update(below)
+
+    def compute_slot_mapping(
+        self, req_indices: npt.ArrayLike, positions: npt.ArrayLike
+    ) -> npt.NDArray[np.int64]:
+        """Token ``i``'s KV slot: ``table[req_indices[i], positions[i] // block_size] *
+        block_size + positions[i] % block_size``, into ``slot_mapping[:n]`` (one NumPy gather),
+        -1 after; returns ``slot_mapping[:n]``.
+
+        Raises ``ValueError``/``IndexError`` (nothing written) for arrays of different lengths,
+        more tokens than ``max_num_batched_tokens``, a row out of range, a negative position or
+        one past its row's blocks.
+        """
+        req, pos = self._token_arrays(req_indices, positions)
+        block = pos // self.block_size
+        self._check_positions(req, pos, block, "")
+        return self._write_slots(req, pos, block)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _num_reqs(self, num_reqs: object) -> int:
+        count = as_int(num_reqs, "num_reqs")
+        if not 0 <= count <= self.max_num_reqs:
+            raise ValueError(f"num_reqs must be in [0, {self.max_num_reqs}], got {count}")
+        return count
+
+    def _token_arrays(
+        self, req_indices: npt.ArrayLike, positions: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        req, pos = np.asarray(req_indices), np.asarray(positions)
+        for name, array in (("req_indices", req), ("positions", pos)):
+            if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
+                raise ValueError(
+                    f"{name} must be a 1-D integer array, got shape {array.shape} of {array.dtype}"
+                )
+        if len(req) != len(pos):
+            raise ValueError(f"{len(req)} req_indices but {len(pos)} positions")
+        if len(req) > self.max_num_batched_tokens:
+            raise ValueError(
+                f"{len(req)} tokens exceed max_num_batched_tokens {self.max_num_batched_tokens}"
+            )
+        return req.astype(np.int64, copy=False), pos.astype(np.int64, copy=False)
+
+    def _check_positions(
+        self,
+        req: npt.NDArray[np.int64],
+        pos: npt.NDArray[np.int64],
+        block: npt.NDArray[np.int64],
+        where: str,
+    ) -> None:
+        if not len(req):
+            return
+        if int(req.min()) < 0 or int(req.max()) >= self.max_num_reqs:
+            token = int(np.flatnonzero((req < 0) | (req >= self.max_num_reqs))[0])
+            raise IndexError(
+                f"{where}token {token}: block-table row {int(req[token])} is out of range for a "
+                f"table of {self.max_num_reqs} rows"
+            )
+        held = self._lengths[req]
+        bad = (pos < 0) | (block >= held)
+        if bad.any():
+            token = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{where}token {token}: position {int(pos[token])} of block-table row "
+                f"{int(req[token])} needs block {int(block[token])}, but the row holds "
+                f"{int(held[token])} blocks of {self.block_size} tokens"
+            )
+
+    def _write_slots(
+        self, req: npt.NDArray[np.int64], pos: npt.NDArray[np.int64], block: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        n = len(req)
+        out = self.slot_mapping[:n]
+        flat = self._table.numpy().reshape(-1)
+        np.multiply(flat[req * self.max_num_blocks_per_req + block], self.block_size, out=out)
+        out += pos % self.block_size
+        self.slot_mapping[n:] = PAD_SLOT_ID
+        return out
+
+
+def _step_deltas(
+    table: BlockTable,
+    finished: Iterable[int],
+    appended: Iterable[tuple[int, Ids | None]],
+    added: Iterable[tuple[int, Ids]],
+    moves: Iterable[tuple[int, int]],
+) -> tuple[dict[int, int], dict[int, Any], list[tuple[int, int]]]:
+    """One group's step as ``apply_deltas`` arguments (``{row: 0}`` truncations, ``{row: ids}``
+    appends) and the moves, whose rows are checked here: ``apply_deltas`` checks the rest."""
+    truncate = dict.fromkeys(finished, 0)
+    append: dict[int, Any] = {}
+    for row, ids in appended:
+        if row in append:
+            raise ValueError(f"block-table row {row} appears more than once in appended")
+        if ids is not None:
+            append[row] = ids
+    replaced: set[int] = set()
+    for row, ids in added:
+        if row in replaced:
+            raise ValueError(f"block-table row {row} appears more than once in added")
+        if row in append:
+            raise ValueError(f"block-table row {row} appears in both appended and added")
+        replaced.add(row)
+        truncate[row] = 0
+        append[row] = ids
+    pairs = moves if type(moves) is list else list(moves)
+    num_rows = table.num_rows
+    for pair in pairs:
+        for row in pair:
+            if type(row) is not int or not 0 <= row < num_rows:
+                table.cached_ids(row)  # raises the table's TypeError or IndexError
+    return truncate, append, pairs
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class VllmMultiGroupBlockTable:
+    """vLLM's ``MultiGroupBlockTable``: one :class:`VllmBlockTable` per KV cache group.
+
+    Args, in vLLM's order: ``max_num_reqs``, ``max_model_len``, ``max_num_batched_tokens``,
+    ``pin_memory``, ``device``, ``block_sizes`` (one per group), ``kernel_block_sizes`` (``None``
+    or equal to ``block_sizes``), ``max_num_blocks`` (per group; default
+    ``cdiv(max_model_len, block_size)``). As in vLLM, a group's column count is rounded up to a
+    multiple of ``128 // block_size`` when ``block_size <= 128``. ``separate`` as in
+    :class:`VllmBlockTable`.
+
+    Row operations take one id list per group (``block_ids[g]`` for group ``g``; vLLM's
+    ``tuple[list[int], ...]``). Unlike vLLM, which writes group after group and stops at the
+    first failure, every group's ids and the row are checked before any group is written; errors
+    name the group, the row and the value. ``table[g]`` is group ``g``'s :class:`VllmBlockTable`.
+    """
+
+    def __init__(
+        self,
+        max_num_reqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int,
+        pin_memory: bool,
+        device: str | torch.device,
+        block_sizes: Sequence[int],
+        kernel_block_sizes: Sequence[int] | None = None,
+        max_num_blocks: Sequence[int] | None = None,
+        *,
+        separate: bool = False,
+    ) -> None:
+        sizes = [_positive(size, "block size") for size in block_sizes]
+        if not sizes:
+            raise ValueError("block_sizes must name at least one KV cache group")
+        if kernel_block_sizes is not None:
+            if len(kernel_block_sizes) != len(sizes):
+                raise ValueError(
+                    f"kernel_block_sizes length ({len(kernel_block_sizes)}) must match "
+                    f"block_sizes length ({len(sizes)})"
+                )
+            for size, kernel in zip(sizes, kernel_block_sizes, strict=True):
+                _kernel_block_size(size, kernel)
+        max_model_len = _positive(max_model_len, "max_model_len")
+        if max_num_blocks is None:
+            max_num_blocks = [_cdiv(max_model_len, size) for size in sizes]
+        if len(max_num_blocks) != len(sizes):
+            raise ValueError(
+                f"max_num_blocks length ({len(max_num_blocks)}) must match block_sizes length "
+                f"({len(sizes)})"
+            )
+        widths = [
+            _cdiv(n, 128 // size) * (128 // size) if size <= 128 else n
+            for n, size in zip(max_num_blocks, sizes, strict=True)
+        ]
+        self.block_tables = [
+            VllmBlockTable(
+                size,
+                max_num_reqs,
+                width,
+                max_num_batched_tokens,
+                pin_memory,
+                device,
+                separate=separate,
+            )
+            for size, width in zip(sizes, widths, strict=True)
+        ]
+        self._num_rows = self.block_tables[0].max_num_reqs
+
+    def __getitem__(self, idx: int) -> VllmBlockTable:
+        """Group ``idx``'s table."""
+        return self.block_tables[idx]
+
+    # --- per-row operations ----------------------------------------------------------------------
+
+    def append_row(self, block_ids: GroupIds, row_idx: int) -> None:
+        """Each group's row ``row_idx`` gains that group's ids; all groups checked first."""
+        checked = self._group_ids(block_ids, row_idx, append=True)
+        for table, ids in zip(self.block_tables, checked, strict=True):
+            table.table.append(row_idx, ids)
+
+    def add_row(self, block_ids: GroupIds, row_idx: int) -> None:
+        """Each group's row ``row_idx`` holds that group's ids; all groups checked first."""
+        checked = self._group_ids(block_ids, row_idx, append=False)
+        for table, ids in zip(self.block_tables, checked, strict=True):
+            table.add_row(ids, row_idx)
+
+    def clear_row(self, row_idx: int) -> None:
+        self._row(row_idx)
+        for table in self.block_tables:
+            table.clear_row(row_idx)
+
+    def move_row(self, src: int, tgt: int) -> None:
+        self._row(src)
+        self._row(tgt)
+        for table in self.block_tables:
+            table.move_row(src, tgt)
+
+    def swap_row(self, src: int, tgt: int) -> None:
+        self._row(src)
+        self._row(tgt)
+        for table in self.block_tables:
+            table.swap_row(src, tgt)
+
+    def clear(self) -> None:
+        for table in self.block_tables:
+            table.clear()
+
+    # --- a whole step ----------------------------------------------------------------------------
+
+    def apply_step(
+        self,
+        *,
+        finished: Iterable[int] = (),
+        appended: RowItems[GroupIds | None] = (),
+        added: RowItems[GroupIds] = (),
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """:meth:`VllmBlockTable.apply_step` for every group: ``appended`` and ``added`` map a
+        row to one id list per group (``appended`` may map it to ``None``). Every group's step
+        is checked before any group is written."""
+        first = self.block_tables[0]
+        commit = None if num_reqs is None else first._num_reqs(num_reqs)
+        finished = list(finished)
+        appended_items = list(_items(appended))
+        added_items = list(_items(added))
+        moves = list(moves)
+        groups = len(self.block_tables)
+        for row, ids in [*appended_items, *added_items]:
+            if ids is not None and len(ids) != groups:
+                raise ValueError(
+                    f"block-table row {row} has ids for {len(ids)} KV cache groups, "
+                    f"expected {groups}"
+                )
+        for row in finished:
+            self._row(row)
+        steps = []
+        for g, group in enumerate(self.block_tables):
+            table = group.table
+            truncate, append, pairs = _step_deltas(
+                table,
+                finished,
+                [(row, None if ids is None else ids[g]) for row, ids in appended_items],
+                [(row, ids[g]) for row, ids in added_items],
+                moves,
+            )
+            width = group.max_num_blocks_per_req
+            for row, ids in append.items():
+                count = 0 if row in truncate else int(group.num_blocks_per_row[self._row(row)])
+                append[row] = _checked_ids(_where(g, row), ids, count, width)
+            steps.append((table, truncate, append, pairs))
+        # Everything is checked: from here on nothing raises.
+        for table, truncate, append, pairs in steps:
+            if truncate or append:
+                table.apply_deltas(truncate=truncate, append=append)
+            for src, tgt in pairs:
+                table.copy_row(src, tgt)
+        if commit is not None:
+            self.commit_block_table(commit)
+
+    # --- hand-off --------------------------------------------------------------------------------
+
+    def commit_block_table(self, num_reqs: int) -> None:
+        for table in self.block_tables:
+            table.commit_block_table(num_reqs)
+
+    def compute_slot_mapping(self, req_indices: npt.ArrayLike, positions: npt.ArrayLike) -> None:
+        """Each group's ``slot_mapping`` (see :meth:`VllmBlockTable.compute_slot_mapping`);
+        every group is checked before any is written."""
+        req, pos = self.block_tables[0]._token_arrays(req_indices, positions)
+        blocks = []
+        for g, table in enumerate(self.block_tables):
+            block = pos // table.block_size
+            table._check_positions(req, pos, block, f"KV cache group {g} ")
+            blocks.append(block)
+        for table, block in zip(self.block_tables, blocks, strict=True):
+            table._write_slots(req, pos, block)
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _row(self, row: object) -> int:
+        if type(row) is int and 0 <= row < self._num_rows:
+            return row
+        index = as_int(row, "block-table row index")
+        self.block_tables[0].table.cached_ids(index)  # raises the table's IndexError
+        return index
+
+    def _group_ids(self, block_ids: GroupIds, row_idx: int, *, append: bool) -> list[list[int]]:
+        row = self._row(row_idx)
+        if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
+            raise TypeError(
+                f"block-table row {row}: block_ids must hold one id list per KV cache group, "
+                f"got {type(block_ids).__name__}"
+            )
+        if len(block_ids) != len(self.block_tables):
+            raise ValueError(
+                f"block-table row {row} has ids for {len(block_ids)} KV cache groups, "
+                f"expected {len(self.block_tables)}"
+            )
+        checked = []
+        for g, (table, ids) in enumerate(zip(self.block_tables, block_ids, strict=True)):
+            count = int(table.num_blocks_per_row[row]) if append else 0
+            checked.append(_checked_ids(_where(g, row), ids, count, table.max_num_blocks_per_req))
+        return checked
+
+
+def _where(group: int, row: int) -> str:
+    return f"KV cache group {group} block-table row {row}"
