@@ -4,7 +4,13 @@ Block tables, slot mappings, sequence lengths and padded token buffers, written 
 persistent buffers that a compiled decode program reads.
 """
 
-from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
+from blockprep.batch import (
+    DecodeBatch,
+    DecodeExecutor,
+    DecodeResult,
+    KvAllocation,
+    SamplingCandidates,
+)
 from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError, UnknownRowError
 from blockprep.buffers import DeviceMirror, host_tensor
 from blockprep.builders import paged_block_table, ring_block_table
@@ -20,7 +26,9 @@ __all__ = [
     "DecodeExecutor",
     "DecodeResult",
     "DeviceMirror",
+    "KvAllocation",
     "PaddedTokenBuffer",
+    "SamplingCandidates",
     "StaleRowError",
     "UnknownRowError",
     "host_tensor",
@@ -28,4 +36,4 @@ __all__ = [
     "paged_slot_mapping",
     "ring_block_table",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -15,16 +15,44 @@ InputsT_contra = TypeVar("InputsT_contra", contravariant=True)
 
 
 @dataclass
+class KvAllocation:
+    """Upstream's paged KV allocation of one request (``config/types.py`` at ``9b1a264``); the
+    Qwen adapter reads ``page_ids`` only."""
+
+    request_id: str
+    model_id: str
+    page_ids: list[int]
+    tokens_capacity: int
+    tokens_used: int = 0
+
+
+@dataclass
+class SamplingCandidates:
+    """Upstream's device-selected sampling candidates, for host-side final sampling."""
+
+    values: torch.Tensor
+    token_ids: torch.Tensor
+
+
+@dataclass
 class DecodeBatch:
     """One decode step's active requests, in batch order (``A`` of them).
+
+    Upstream's fields in upstream's positional order (pypto-serving ``config/types.py`` at
+    ``9b1a264``), then blockprep's own; construct it by keyword. The adapters read only the
+    attributes they need, so upstream's own objects (and newer ones with more fields) work too.
 
     - ``request_ids``: ``A`` request ids.
     - ``token_ids``: ``[A]`` or ``[A, 1]`` integer tensor, the token each request decodes now
       (``[A, T]`` for multi-token layouts such as DeepSeek MTP).
-    - ``seq_lens``: ``[A]`` integer tensor, tokens in each sequence *including* the one being
-      decoded: its absolute position is ``seq_len - 1``.
     - ``hidden_states``: ``[A, hidden]`` host embeddings, or ``None``, the normal case for
       executors that embed ``token_ids`` on device.
+    - ``seq_lens``: ``[A]`` integer tensor, tokens in each sequence *including* the one being
+      decoded: its absolute position is ``seq_len - 1``.
+    - ``allow_device_greedy_sampling``, ``allow_device_topk_sampling``: upstream's sampling
+      switches, for executors (the preparers do not read them).
+    - ``kv_allocations``: per request, upstream's :class:`KvAllocation`; a paged adapter takes a
+      row's pages from ``kv_allocations[i].page_ids`` first, as upstream's Qwen runner does.
     - ``block_ids``: per request, its KV page ids (paged caches).
     - ``block_ids_by_group``: per request, ``{group: ids}`` for models with several KV groups.
     - ``cache_partitions``: per request, the rank (KV partition) that holds it, or ``None``.
@@ -37,8 +65,11 @@ class DecodeBatch:
 
     request_ids: list[str]
     token_ids: torch.Tensor
+    hidden_states: torch.Tensor | None
     seq_lens: torch.Tensor
-    hidden_states: torch.Tensor | None = None
+    allow_device_greedy_sampling: bool = False
+    allow_device_topk_sampling: bool = False
+    kv_allocations: list[KvAllocation] = field(default_factory=list)
     block_ids: list[list[int]] = field(default_factory=list)
     block_ids_by_group: list[dict[str, list[int]]] = field(default_factory=list)
     cache_partitions: list[int | None] = field(default_factory=list)
@@ -49,13 +80,18 @@ class DecodeBatch:
 
 @dataclass
 class DecodeResult:
-    """What an executor returns for one step: ``logits [A, vocab]`` (or ``None`` when it sampled
-    on device), ``sampled_token_ids [A]`` when it sampled, and ``hidden_states``, which is ``None``
-    for every executor blockprep adapts (kept for the upstream ABI)."""
+    """What an executor returns for one step, upstream's fields in upstream's order
+    (``config/types.py`` at ``9b1a264``): ``hidden_states`` (``None`` for every executor
+    blockprep adapts), ``logits [A, vocab]`` (or ``None`` when it sampled on device),
+    ``sampled_token_ids [A]`` when it sampled, ``sampling_candidates`` (device top-k),
+    ``next_hidden_states`` and ``accepted_token_ids`` (MTP). Construct it by keyword."""
 
+    hidden_states: torch.Tensor | None
     logits: torch.Tensor | None
     sampled_token_ids: torch.Tensor | None = None
-    hidden_states: torch.Tensor | None = None
+    sampling_candidates: SamplingCandidates | None = None
+    next_hidden_states: torch.Tensor | None = None
+    accepted_token_ids: list[list[int]] | None = None
 
 
 class DecodeExecutor(Protocol[InputsT_contra]):

@@ -78,10 +78,8 @@ def check_writable(buffer: torch.Tensor | npt.NDArray[Any], name: str) -> None:
         if not buffer.flags.writeable:
             raise ValueError(f"{name} is read-only memory")
         return
-    if buffer.device.type != "cpu":
-        return
     storage = buffer.untyped_storage()
-    if storage.resizable():
+    if storage.resizable() or buffer.device.type != "cpu":
         return
     start, nbytes = storage.data_ptr(), storage.nbytes()
     if nbytes == 0:
@@ -95,9 +93,9 @@ def check_writable(buffer: torch.Tensor | npt.NDArray[Any], name: str) -> None:
         raise ValueError(f"{name} is read-only memory")
 
     def forget(ref: weakref.ref[Any], key: int = key) -> None:
-        with _LOCK:
-            if _WRITABLE.get(key, (None,))[0] is ref:
-                del _WRITABLE[key]
+        # No lock (a weakref callback may run inside a locked section); a newer entry stays.
+        if _WRITABLE.get(key, (None,))[0] is ref:
+            _WRITABLE.pop(key, None)
 
     with _LOCK:
         _WRITABLE[key] = (weakref.ref(storage, forget), start, nbytes)
@@ -129,7 +127,7 @@ def mapped_writable(start: int, nbytes: int) -> bool | None:
     return False
 
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # re-entrant: a finalizer may run (GC) while it is held
 _WRITABLE: dict[int, tuple[weakref.ref[Any], int, int]] = {}
 """Storages found writable: ``id(storage) -> (weak reference, data_ptr, nbytes)``."""
 
@@ -151,7 +149,8 @@ def has_self_overlap(array: npt.NDArray[Any]) -> bool:
     The usual layouts decide in one pass over the dims (sorted by stride, each stride at least
     the extent of the smaller ones: no overlap); anything else (zero strides, interleaved
     strides) is decided exactly from every element's offset."""
-    if array.size <= 1:
+    flags = array.flags
+    if flags.c_contiguous or flags.f_contiguous or array.size <= 1:
         return False
     shape_strides = zip(array.shape, array.strides, strict=True)
     dims = sorted((abs(stride), size) for size, stride in shape_strides if size > 1)
@@ -182,33 +181,32 @@ def claim_buffer(owner: object, buffer: torch.Tensor, what: str) -> None:
         return
     start = buffer.data_ptr()
     end = start + nbytes
-    with _LOCK:
-        clash = _clash(start, end)
-    if clash is not None:
-        gc.collect()  # a dead owner in a reference cycle still holds its claim
-        with _LOCK:
+    for attempt in range(2):
+        with _LOCK:  # check and claim at once: two threads cannot both claim the same bytes
             clash = _clash(start, end)
-    if clash is not None:
+            if clash is None:
+                key = next(_CLAIM_KEYS)
+                _CLAIMS[key] = (start, end, what)
+                break
+        if attempt == 0:
+            gc.collect()  # a dead owner in a reference cycle still holds its claim
+    else:
         raise ValueError(
             f"buffer overlaps the buffer of another live {clash} "
             f"(bytes {start:#x}..{end:#x}); give each {what} its own memory"
         )
-    with _LOCK:
-        key = next(_CLAIM_KEYS)
-        _CLAIMS[key] = (start, end, what)
     weakref.finalize(owner, _release, key)
 
 
 def _clash(start: int, end: int) -> str | None:
-    for low, high, what in _CLAIMS.values():
+    for low, high, what in tuple(_CLAIMS.values()):  # a finalizer may release one meanwhile
         if low < end and start < high:
             return what
     return None
 
 
 def _release(key: int) -> None:
-    with _LOCK:
-        _CLAIMS.pop(key, None)
+    _CLAIMS.pop(key, None)  # atomic; no lock: a finalizer may run inside a locked section
 
 
 _CLAIMS: dict[int, tuple[int, int, str]] = {}

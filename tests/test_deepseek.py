@@ -48,6 +48,7 @@ def make_batch(
     **fields: Any,
 ) -> DecodeBatch:
     A = len(partitions)
+    fields.setdefault("hidden_states", None)
     return DecodeBatch(
         request_ids=[f"r{q}" for q in range(A)],
         token_ids=torch.tensor(tokens if tokens is not None else [5 + q for q in range(A)]),
@@ -424,7 +425,11 @@ def test_host_embedding_consumers_require_hidden_states_before_any_other_check()
     layout = DeepSeekV4Layout(decode_batch=4, decode_seq=2)
     preparer = DeepSeekV4DecodePreparer(layout, embedding="host", hidden_size=4)
     bare = DecodeBatch(
-        request_ids=[], token_ids=torch.tensor([]), seq_lens=torch.tensor([]), cache_partitions=[]
+        request_ids=[],
+        token_ids=torch.tensor([]),
+        hidden_states=None,
+        seq_lens=torch.tensor([]),
+        cache_partitions=[],
     )
     with pytest.raises(ValueError, match=f"^{HOST}$"):
         preparer.prepare(bare, buffer_slot=7)
@@ -482,7 +487,11 @@ def std_cases() -> list[tuple[str, dict[str, Any], Case]]:
             {},
             (
                 lambda: DecodeBatch(
-                    ["a", "b"], torch.tensor([1, 2]), torch.tensor([1, 1]), cache_partitions=[0]
+                    request_ids=["a", "b"],
+                    token_ids=torch.tensor([1, 2]),
+                    hidden_states=None,
+                    seq_lens=torch.tensor([1, 1]),
+                    cache_partitions=[0],
                 ),
                 0,
                 ValueError,
@@ -555,11 +564,12 @@ def std_cases() -> list[tuple[str, dict[str, Any], Case]]:
             {},
             (
                 lambda: DecodeBatch(
-                    ["a"],
-                    torch.tensor([1]),
-                    torch.tensor([1.0]),
-                    cache_partitions=[0],
+                    request_ids=["a"],
+                    token_ids=torch.tensor([1]),
+                    hidden_states=None,
+                    seq_lens=torch.tensor([1.0]),
                     block_ids_by_group=[groups(0)],
+                    cache_partitions=[0],
                 ),
                 0,
                 TypeError,
@@ -950,8 +960,9 @@ def test_a_request_moved_onto_a_padding_row_is_checked() -> None:
     moved = DecodeBatch(
         request_ids=["r1"],
         token_ids=torch.tensor([5]),
+        hidden_states=None,
         seq_lens=torch.tensor([1]),
-        block_ids_by_group=[groups(1, csa_state=[8])],  # rank 1 row 0's scratch page
+        block_ids_by_group=[groups(1, csa_state=[8])],
         cache_partitions=[1],
     )
     with pytest.raises(ValueError, match=re.escape("[8, 12) is reserved for kernel padding")):

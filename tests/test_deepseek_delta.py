@@ -181,6 +181,7 @@ def small_batch(ids: dict[str, list[int]], rid: str = "a", seq_len: int = 5) -> 
     return DecodeBatch(
         request_ids=[rid],
         token_ids=torch.tensor([1]),
+        hidden_states=None,
         seq_lens=torch.tensor([seq_len]),
         block_ids_by_group=[ids],
         cache_partitions=[0],
@@ -202,6 +203,7 @@ def delta_batch(message: dict[str, Any], rid: str = "a") -> DecodeBatch:
     return DecodeBatch(
         request_ids=[rid],
         token_ids=torch.tensor([1]),
+        hidden_states=None,
         seq_lens=torch.tensor([5]),
         cache_partitions=[0],
         block_deltas=message,

@@ -665,9 +665,10 @@ def one_request(ori: list[Any], csa: list[Any], c128: list[Any] | None = None) -
     groups = {"ori": ori, "cmp_c128": c128 or [2], "cmp_c4": [3], "idx": [4], "hca_state": [5]}
     groups |= {"csa_state": csa, "csa_inner_state": [7]}
     return DecodeBatch(
-        ["a"],
-        torch.tensor([42]),
-        torch.tensor([9]),
+        request_ids=["a"],
+        token_ids=torch.tensor([42]),
+        hidden_states=None,
+        seq_lens=torch.tensor([9]),
         block_ids_by_group=[groups],
         cache_partitions=[1],
     )

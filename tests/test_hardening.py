@@ -330,6 +330,7 @@ def _qwen_steps(count: int) -> list[DecodeBatch]:
             DecodeBatch(
                 request_ids=["a", "b", "c"],
                 token_ids=torch.tensor([100 + step, 200 + step, 300 + step]),
+                hidden_states=None,
                 seq_lens=torch.tensor(lens),
                 block_ids=[pool[: math.ceil(n / 4)] for pool, n in zip(pools, lens, strict=True)],
             )

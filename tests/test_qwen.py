@@ -62,6 +62,7 @@ class PagedScheduler:
             token_ids=torch.tensor([self.rng.randrange(1000) for _ in active]).reshape(
                 -1, *([1] if self.rng.random() < 0.5 else [])
             ),
+            hidden_states=None,
             seq_lens=torch.tensor([self.requests[rid]["seq_len"] for rid in active]),
             block_ids=[
                 list(self.requests[r]["pages"])
@@ -119,6 +120,7 @@ def test_writes_compiled_buffers_and_replicates_padding() -> None:
     batch = DecodeBatch(
         request_ids=["a"],
         token_ids=torch.tensor([[7]]),
+        hidden_states=None,
         seq_lens=torch.tensor([1]),
         block_ids=[[9]],
     )
@@ -137,7 +139,13 @@ def test_caches_block_table_until_pages_change() -> None:
 
     def step(seq_len: int) -> None:
         preparer.prepare(
-            DecodeBatch(["a"], torch.tensor([1]), torch.tensor([seq_len]), block_ids=[pages])
+            DecodeBatch(
+                request_ids=["a"],
+                token_ids=torch.tensor([1]),
+                hidden_states=None,
+                seq_lens=torch.tensor([seq_len]),
+                block_ids=[pages],
+            )
         )
 
     step(1)
@@ -152,75 +160,154 @@ def test_caches_block_table_until_pages_change() -> None:
 
 def test_rejects_multi_token_rows() -> None:
     preparer = QwenDecodePreparer(max_batch_size=2, max_seq_len=128, page_size=64)
-    batch = DecodeBatch(["a"], torch.tensor([[1, 2]]), torch.tensor([1]), block_ids=[[0]])
+    batch = DecodeBatch(
+        request_ids=["a"],
+        token_ids=torch.tensor([[1, 2]]),
+        hidden_states=None,
+        seq_lens=torch.tensor([1]),
+        block_ids=[[0]],
+    )
     with pytest.raises(ValueError, match="exactly one token per row"):
         preparer.prepare(batch)
 
 
 # --- validation: upstream's messages, nothing written ---------------------------------------------
 
-GOOD = DecodeBatch(["a", "b"], torch.tensor([5, 6]), torch.tensor([3, 70]), block_ids=[[1], [2, 4]])
+GOOD = DecodeBatch(
+    request_ids=["a", "b"],
+    token_ids=torch.tensor([5, 6]),
+    hidden_states=None,
+    seq_lens=torch.tensor([3, 70]),
+    block_ids=[[1], [2, 4]],
+)
 
 
 @pytest.mark.parametrize(
     ("batch", "message"),
     [
         (
-            DecodeBatch([], torch.tensor([]), torch.tensor([])),
+            DecodeBatch(
+                request_ids=[],
+                token_ids=torch.tensor([]),
+                hidden_states=None,
+                seq_lens=torch.tensor([]),
+            ),
             r"^batch must contain at least one request$",
         ),
         (
-            DecodeBatch(list("abcd"), torch.tensor([1] * 4), torch.tensor([1] * 4)),
+            DecodeBatch(
+                request_ids=list("abcd"),
+                token_ids=torch.tensor([1] * 4),
+                hidden_states=None,
+                seq_lens=torch.tensor([1] * 4),
+            ),
             r"^batch has 4 requests, but runtime max_batch_size is 3$",
         ),
         (
-            DecodeBatch(["a", "b"], torch.tensor([[1, 2], [3, 4]]), torch.tensor([1, 1])),
+            DecodeBatch(
+                request_ids=["a", "b"],
+                token_ids=torch.tensor([[1, 2], [3, 4]]),
+                hidden_states=None,
+                seq_lens=torch.tensor([1, 1]),
+            ),
             r"^decode token_ids must contain exactly one token per row, got shape \(2, 2\)$",
         ),
         (
-            DecodeBatch(["a", "b"], torch.tensor([1, 2, 3]), torch.tensor([1, 1])),
+            DecodeBatch(
+                request_ids=["a", "b"],
+                token_ids=torch.tensor([1, 2, 3]),
+                hidden_states=None,
+                seq_lens=torch.tensor([1, 1]),
+            ),
             r"^decode token_ids must contain exactly one token per row, got shape \(3,\)$",
         ),
         (
-            DecodeBatch(["a", "b"], torch.tensor([1, 2]), torch.tensor([1])),
+            DecodeBatch(
+                request_ids=["a", "b"],
+                token_ids=torch.tensor([1, 2]),
+                hidden_states=None,
+                seq_lens=torch.tensor([1]),
+            ),
             r"^decode seq_lens has 1 rows, expected 2$",
         ),
         (
             DecodeBatch(
-                ["a", "b"], torch.tensor([1, 2]), torch.tensor([1, 0]), block_ids=[[1], [2]]
+                request_ids=["a", "b"],
+                token_ids=torch.tensor([1, 2]),
+                hidden_states=None,
+                seq_lens=torch.tensor([1, 0]),
+                block_ids=[[1], [2]],
             ),
             r"^decode seq_lens must be positive$",
         ),
         (
-            DecodeBatch(["a"], torch.tensor([1]), torch.tensor([257]), block_ids=[[1, 2, 3, 4, 5]]),
+            DecodeBatch(
+                request_ids=["a"],
+                token_ids=torch.tensor([1]),
+                hidden_states=None,
+                seq_lens=torch.tensor([257]),
+                block_ids=[[1, 2, 3, 4, 5]],
+            ),
             r"^decode seq_len 257 exceeds max_seq_len 256$",
         ),
         (
-            DecodeBatch(["a"], torch.tensor([1]), torch.tensor([3]), block_ids=[[1, 2, 3, 4, 5]]),
+            DecodeBatch(
+                request_ids=["a"],
+                token_ids=torch.tensor([1]),
+                hidden_states=None,
+                seq_lens=torch.tensor([3]),
+                block_ids=[[1, 2, 3, 4, 5]],
+            ),
             r"^page_ids list length 5 exceeds block-table width 4$",
         ),
         (
             DecodeBatch(
-                ["a", "b"], torch.tensor([1, 2]), torch.tensor([3, 65]), block_ids=[[1], [2]]
+                request_ids=["a", "b"],
+                token_ids=torch.tensor([1, 2]),
+                hidden_states=None,
+                seq_lens=torch.tensor([3, 65]),
+                block_ids=[[1], [2]],
             ),
             r"^page_ids list length 1 is too small for decode position 64; need at least 2 pages$",
         ),
         (
-            DecodeBatch(["a"], torch.tensor([1]), torch.tensor([3]), block_ids=[[-2]]),
+            DecodeBatch(
+                request_ids=["a"],
+                token_ids=torch.tensor([1]),
+                hidden_states=None,
+                seq_lens=torch.tensor([3]),
+                block_ids=[[-2]],
+            ),
             r"^block IDs must not be negative$",
         ),
         (
             DecodeBatch(
-                ["a", "b"], torch.tensor([1, 2]), torch.tensor([3, 3]), block_ids=[[1], [1, 2.5]]
+                request_ids=["a", "b"],
+                token_ids=torch.tensor([1, 2]),
+                hidden_states=None,
+                seq_lens=torch.tensor([3, 3]),
+                block_ids=[[1], [1, 2.5]],
             ),
             r"^block-table row 1 holds 2\.5 of type float",
         ),
         (
-            DecodeBatch(["a"], torch.tensor([1]), torch.tensor([3]), block_ids=[[2**25]]),
+            DecodeBatch(
+                request_ids=["a"],
+                token_ids=torch.tensor([1]),
+                hidden_states=None,
+                seq_lens=torch.tensor([3]),
+                block_ids=[[2**25]],
+            ),
             r"^slot-mapping row 0 maps to slot 2147483650 \(page 33554432\), above 2147483647$",
         ),
         (
-            DecodeBatch(["a"], torch.tensor([2**31]), torch.tensor([3]), block_ids=[[1]]),
+            DecodeBatch(
+                request_ids=["a"],
+                token_ids=torch.tensor([2**31]),
+                hidden_states=None,
+                seq_lens=torch.tensor([3]),
+                block_ids=[[1]],
+            ),
             r"^token row 0 holds token id 2147483648, outside int32$",
         ),
     ],
@@ -238,7 +325,13 @@ def test_rejected_batch_writes_nothing_and_the_next_one_prepares(
     for name in BUFFERS:
         assert torch.equal(getattr(inputs, name), before[name]), name
     preparer.block_table.check()
-    following = DecodeBatch(["x"], torch.tensor([1]), torch.tensor([1]), block_ids=[[0]])
+    following = DecodeBatch(
+        request_ids=["x"],
+        token_ids=torch.tensor([1]),
+        hidden_states=None,
+        seq_lens=torch.tensor([1]),
+        block_ids=[[0]],
+    )
     preparer.prepare(following)
     reference.prepare(following)
     assert_same_buffers(inputs, reference)
@@ -286,7 +379,9 @@ class RecordingExecutor:
     def run_decode(self, inputs: QwenDecodeInputs) -> DecodeResult:
         self.seen.append(inputs)
         tokens = inputs.token_ids[: inputs.actual_batch, 0].to(torch.float32)
-        return DecodeResult(logits=tokens[:, None], sampled_token_ids=tokens.long())
+        return DecodeResult(
+            hidden_states=None, logits=tokens[:, None], sampled_token_ids=tokens.long()
+        )
 
 
 def test_adapter_hands_the_persistent_buffers_to_the_executor_without_hidden_states() -> None:
@@ -330,3 +425,63 @@ def test_device_preparer_hands_out_device_buffers() -> None:
         assert tensor.device.type == "meta" and tensor is getattr(again, name)
     assert inputs.block_table.shape == (3 * 4,) and inputs.token_ids.shape == (3, 8)
     preparer.reset()
+
+
+def test_kv_allocations_give_the_pages_first_as_upstream() -> None:
+    """Upstream's Qwen runner counts rows by ``kv_allocations`` when there are any and takes
+    each row's pages from them before ``block_ids``: a batch carrying only allocations prepares
+    exactly as the same batch with ``block_ids`` (checked against upstream's construction)."""
+    from blockprep.batch import KvAllocation
+
+    pages = [[3, 9], [4]]
+    allocations = [
+        KvAllocation(request_id=rid, model_id="m", page_ids=ids, tokens_capacity=256)
+        for rid, ids in zip(["a", "b"], pages, strict=True)
+    ]
+    common = {
+        "request_ids": ["a", "b"],
+        "token_ids": torch.tensor([5, 6]),
+        "hidden_states": None,
+        "seq_lens": torch.tensor([130, 7]),
+    }
+    ours = QwenDecodePreparer(4, 256, 128).prepare(
+        DecodeBatch(**common, kv_allocations=allocations, block_ids=[[1, 2], [8]])
+    )
+    upstream = QwenDecodePrep97(4, 256, 128, 8)
+    upstream.prepare(DecodeBatch(**common, block_ids=pages))
+    for name in ("token_ids", "seq_lens", "block_table", "slot_mapping"):
+        assert torch.equal(getattr(ours, name), getattr(upstream, name)), name
+
+
+def test_every_upstream_field_by_keyword() -> None:
+    """Upstream's DecodeBatch and DecodeResult fields (``config/types.py`` at ``9b1a264``), all
+    given by keyword and in upstream's positional order."""
+    from blockprep.batch import SamplingCandidates
+
+    batch = DecodeBatch(
+        request_ids=["a"],
+        token_ids=torch.tensor([5]),
+        hidden_states=None,
+        seq_lens=torch.tensor([3]),
+        allow_device_greedy_sampling=True,
+        allow_device_topk_sampling=False,
+        kv_allocations=[],
+        block_ids=[[8]],
+        block_ids_by_group=[],
+        cache_partitions=[],
+        prev_token_ids=None,
+        prev_hidden_states=None,
+    )
+    positional = DecodeBatch(["a"], torch.tensor([5]), None, torch.tensor([3]))
+    assert positional.seq_lens.tolist() == [3] and positional.hidden_states is None
+    inputs = QwenDecodePreparer(2, 256, 128).prepare(batch)
+    assert inputs.slot_mapping.tolist() == [8 * 128 + 2] * 2
+    result = DecodeResult(
+        hidden_states=None,
+        logits=None,
+        sampled_token_ids=torch.tensor([1]),
+        sampling_candidates=SamplingCandidates(values=torch.zeros(1), token_ids=torch.zeros(1)),
+        next_hidden_states=None,
+        accepted_token_ids=[[1]],
+    )
+    assert DecodeResult(None, None).sampled_token_ids is None and result.accepted_token_ids

@@ -332,6 +332,7 @@ def test_prepared_buffers_drive_a_real_decode(model: Qwen3ForCausalLM) -> None:
         batch = DecodeBatch(
             request_ids=[e.request.request_id for e in live],
             token_ids=token_ids if step % 2 else token_ids[:, None],
+            hidden_states=None,
             seq_lens=torch.tensor([len(e.sequence) + 1 for e in live]),
             block_ids=[list(e.pages) for e in live],
         )

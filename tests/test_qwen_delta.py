@@ -65,12 +65,24 @@ class Scheduler:
 
 
 def by_value(ids: list[str], tokens: list[int], seq: list[int], pages: Any) -> DecodeBatch:
-    return DecodeBatch(ids, torch.tensor(tokens), torch.tensor(seq), block_ids=pages)
+    return DecodeBatch(
+        request_ids=ids,
+        token_ids=torch.tensor(tokens),
+        hidden_states=None,
+        seq_lens=torch.tensor(seq),
+        block_ids=pages,
+    )
 
 
 def as_delta(ids: list[str], tokens: list[int], seq: list[int], message: Any) -> DecodeBatch:
     """What the worker receives: the batch through a pickle round trip (new ints, new lists)."""
-    batch = DecodeBatch(ids, torch.tensor(tokens), torch.tensor(seq), block_deltas=message)
+    batch = DecodeBatch(
+        request_ids=ids,
+        token_ids=torch.tensor(tokens),
+        hidden_states=None,
+        seq_lens=torch.tensor(seq),
+        block_deltas=message,
+    )
     received: DecodeBatch = pickle.loads(pickle.dumps(batch))
     return received
 

@@ -132,8 +132,10 @@ class QwenDecodePreparer:
     def prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
         """Write ``batch`` into the persistent buffers and return them.
 
-        The block lists come by value (``batch.block_ids``) or as a :mod:`blockprep.wire`
-        message (``batch.block_deltas``, one op list per request id; ``block_ids`` left empty).
+        The block lists come by value (``batch.block_ids``; upstream's ``kv_allocations`` first
+        when the batch has them: then one row per allocation, its ``page_ids``) or as a
+        :mod:`blockprep.wire` message (``batch.block_deltas``, one op list per request id;
+        ``block_ids`` left empty).
         Rows are batch rows: a request at the row it held in the last applied step gets its ops
         applied there (a page append writes one cell); one that moved rows gets the list it held
         plus its ops written whole; a new one must come whole. A by-value batch makes the worker
@@ -153,7 +155,11 @@ class QwenDecodePreparer:
                 position {t}; need at least {k} pages"``, a bad page id at the decode position or
                 a slot above int32 (row named); then bad token ids, then bad page ids (row named).
         """
-        count = len(batch.request_ids) if batch.request_ids else int(batch.seq_lens.shape[0])
+        allocations = getattr(batch, "kv_allocations", None)  # upstream's: pages come first
+        if allocations:
+            count = len(allocations)
+        else:
+            count = len(batch.request_ids) if batch.request_ids else int(batch.seq_lens.shape[0])
         if count <= 0:
             raise ValueError("batch must contain at least one request")
         if count > self.max_batch_size:
@@ -174,7 +180,7 @@ class QwenDecodePreparer:
             return self._prepare_small(batch, count, step)
         rows: Sequence[Sequence[int]] | None
         if message is None:  # by value: every row is written (a hit costs one comparison)
-            block_ids = batch.block_ids
+            block_ids = _page_lists(batch)
             rows = block_ids if len(block_ids) == count else _rows_of(block_ids, count)
             items: Any = enumerate(rows)
             row_lengths = list(map(len, rows))
@@ -244,7 +250,7 @@ class QwenDecodePreparer:
         checks row by row in Python, which beats the fixed cost of the array checks below
         ``row_loop_max`` rows; same results and errors."""
         seq_lens = _values(batch.seq_lens, count)
-        block_ids, width, page_size = batch.block_ids, self.max_blocks, self.page_size
+        block_ids, width, page_size = _page_lists(batch), self.max_blocks, self.page_size
         table, max_seq_len = self._table, self.max_seq_len
         page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
         items = None if step is None else step.items
@@ -438,6 +444,15 @@ class _DeltaStep(NamedTuple):
     seq: int
     rows: dict[Hashable, int]
     items: dict[int, Any]
+
+
+def _page_lists(batch: DecodeBatch) -> Sequence[Sequence[int]]:
+    """Each row's pages, upstream's priority: ``kv_allocations[i].page_ids``, else
+    ``block_ids[i]``."""
+    allocations = getattr(batch, "kv_allocations", None)
+    if not allocations:
+        return batch.block_ids
+    return [allocation.page_ids for allocation in allocations]
 
 
 def _rows_of(block_ids: Sequence[Sequence[int]], count: int) -> list[Sequence[int]]:

@@ -72,11 +72,18 @@ def qwen_wire_trace(batch: int, steps: int, seed: int) -> Iterator[QwenWireStep]
             "tokens": tokens,
         }
         known = {r[0]: len(r[2]) for r in requests}
-        full = DecodeBatch(ids, torch.tensor(tokens), torch.tensor(seq_lens), block_ids=pages)
+        full = DecodeBatch(
+            request_ids=ids,
+            token_ids=torch.tensor(tokens),
+            hidden_states=None,
+            seq_lens=torch.tensor(seq_lens),
+            block_ids=pages,
+        )
         delta = DecodeBatch(
-            ids,
-            torch.tensor(tokens),
-            torch.tensor(seq_lens),
+            request_ids=ids,
+            token_ids=torch.tensor(tokens),
+            hidden_states=None,
+            seq_lens=torch.tensor(seq_lens),
             block_deltas=encoder.encode(ids, pages),
         )
         yield pickle.loads(pickle.dumps(QwenWireStep(full, delta, vllm)))

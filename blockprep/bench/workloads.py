@@ -242,6 +242,7 @@ def qwen_trace(steps: int, seed: int) -> Iterator[DecodeBatch]:
         yield DecodeBatch(
             request_ids=request_ids,
             token_ids=torch.tensor([rng.randrange(151_000) for _ in range(QWEN_BATCH)]),
+            hidden_states=None,
             seq_lens=torch.tensor(seq_lens),
             block_ids=pages,
         )
@@ -397,6 +398,7 @@ def _idle_batch(layout: DeepSeekV4Layout) -> DecodeBatch:
     return DecodeBatch(
         request_ids=["idle"],
         token_ids=torch.tensor([0]),
+        hidden_states=None,
         seq_lens=torch.tensor([1]),
         block_ids_by_group=[{group.name: [0] for group in layout.groups}],
         cache_partitions=[0],

@@ -503,7 +503,9 @@ class TorchPagedQwen3Executor:
                 )
 
         logits = self._forward(tokens, seq_lens - 1, slots, table, seq_lens)[:actual]
-        return DecodeResult(logits=logits, sampled_token_ids=logits.argmax(dim=-1))
+        return DecodeResult(
+            hidden_states=None, logits=logits, sampled_token_ids=logits.argmax(dim=-1)
+        )
 
     # ------------------------------------------------------------------ the model
 
