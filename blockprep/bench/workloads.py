@@ -159,20 +159,28 @@ def _builder_workload(
 
 
 def ring_rotation_trace(
-    rows: int, ring: int, steps: int, seed: int, *, rotate: bool = True, ordered: bool = True
+    rows: int,
+    ring: int,
+    steps: int,
+    seed: int,
+    *,
+    rotate: bool = True,
+    ordered: bool = True,
+    wire: bool = False,
 ) -> Iterator[list[list[int]]]:
     """``steps + 1`` states of ``rows`` ring rows of ``ring`` ids (live lists, rotated in place):
     step s rotates one slot of each row r with ``(r + s) % 4 == 0`` to a fresh page from a free
     queue, in slot order (``ordered=False``: a slot drawn at random, never the one after the
     slot that rotated last, as a scheduler that rotates out of order); with ``rotate=False``
-    nothing changes between steps."""
+    nothing changes between steps. ``wire``: each state through a pickle round trip (new lists
+    of new ints, made here, so never timed)."""
     rng = random.Random(seed)
     pool = list(range(rows * ring * 4))
     rng.shuffle(pool)
     table = [[pool.pop() for _ in range(ring)] for _ in range(rows)]
     free = collections.deque(pool)
     next_slot = [0] * rows
-    yield table
+    yield pickle.loads(pickle.dumps(table)) if wire else table
     for step in range(1, steps + 1):
         for r in range(rows):
             if rotate and (r + step) % 4 == 0:
@@ -182,7 +190,7 @@ def ring_rotation_trace(
                 free.append(table[r][slot])
                 table[r][slot] = free.popleft()
                 next_slot[r] = (slot + 1) % ring
-        yield table
+        yield pickle.loads(pickle.dumps(table)) if wire else table
 
 
 class _BlockTableStepper:
@@ -201,17 +209,25 @@ class _BlockTableStepper:
 
 
 def _block_table_workload(
-    rows: int, width: int, ring: int, *, idle: bool = False, ordered: bool = True
+    rows: int,
+    width: int,
+    ring: int,
+    *,
+    idle: bool = False,
+    ordered: bool = True,
+    wire: bool = False,
 ) -> Workload:
     what = "no row changes" if idle else "1/4 of rows rotate one slot per step"
-    suffix = "-idle" if idle else "" if ordered else "-unordered"
+    suffix = ("-wire" if wire else "") + ("-idle" if idle else "" if ordered else "-unordered")
     if not ordered:
         what += ", a slot other than the next one"
+    if wire:
+        what += ", pickle round trip (new lists of new ints)"
     return Workload(
         f"blocktable-ring-{rows}x{width}{suffix}",
         f"BlockTable, ring {rows}x{width} n={ring}: {what}",
         lambda steps, seed: ring_rotation_trace(
-            rows, ring, steps, seed, rotate=not idle, ordered=ordered
+            rows, ring, steps, seed, rotate=not idle, ordered=ordered, wire=wire
         ),
         {
             "pre-fix": _rebuild(reference.ring_block_table_repeat, rows, width),
@@ -590,6 +606,9 @@ def standard_workloads() -> dict[str, Workload]:
         _block_table_workload(64, 4096, 65),
         _block_table_workload(64, 4096, 65, ordered=False),
         _block_table_workload(64, 4096, 65, idle=True),
+        _block_table_workload(64, 4096, 65, wire=True),
+        _block_table_workload(64, 4096, 65, ordered=False, wire=True),
+        _block_table_workload(64, 4096, 65, idle=True, wire=True),
         _builder_workload(
             "ring-64x4096-n65", "ring", 64, 4096, _fixed(65), "ring_block_table 64x4096, n=65"
         ),
