@@ -19,6 +19,7 @@ import torch
 from blockprep import reference
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.batch import DecodeBatch
+from blockprep.bench.vllm_port import PortBlockTable
 from blockprep.bench.workloads import QWEN_MAX_SEQ_LEN, QWEN_PAD, QWEN_PAGE_SIZE, Workload
 from blockprep.wire import BlockDeltaEncoder
 
@@ -175,9 +176,7 @@ class VllmHostLines:
     def __init__(self, max_reqs: int, max_model_len: int, block_size: int) -> None:
         self.max_reqs, self.max_model_len, self.block_size = max_reqs, max_model_len, block_size
         self.max_blocks = -(-max_model_len // block_size)
-        self.block_table = torch.zeros((max_reqs, self.max_blocks), dtype=torch.int32)
-        self.block_table_np = self.block_table.numpy()
-        self.num_blocks_per_row = np.zeros(max_reqs, dtype=np.int32)
+        self.table = PortBlockTable(block_size, max_reqs, self.max_blocks, max_reqs)
         self.token_ids_cpu_tensor = torch.zeros((max_reqs, max_model_len), dtype=torch.int32)
         self.token_ids_cpu = self.token_ids_cpu_tensor.numpy()
         self.num_computed_tokens_cpu = np.zeros(max_reqs, dtype=np.int32)
@@ -188,22 +187,9 @@ class VllmHostLines:
         self.positions_np = np.zeros(max_reqs, dtype=np.int64)
         self.query_start_loc_np = np.zeros(max_reqs + 1, dtype=np.int32)
         self.seq_lens_np = np.zeros(max_reqs, dtype=np.int32)
-        self.slot_mapping_np = np.zeros(max_reqs, dtype=np.int64)
+        self.slot_mapping_np = self.table.slot_mapping.np
         self.num_reqs = 0
         self.requests: dict[str, _VllmRequest] = {}
-
-    # block_table.py
-    def append_row(self, block_ids: list[int], row_idx: int) -> None:
-        if not block_ids:
-            return
-        num_blocks = len(block_ids)
-        start = self.num_blocks_per_row[row_idx]
-        self.num_blocks_per_row[row_idx] += num_blocks
-        self.block_table_np[row_idx, start : start + num_blocks] = block_ids
-
-    def add_row(self, block_ids: list[int], row_idx: int) -> None:
-        self.num_blocks_per_row[row_idx] = 0
-        self.append_row(block_ids, row_idx)
 
     def step(self, out: dict[str, Any]) -> None:
         # _update_states: finished requests leave holes; new ones fill them.
@@ -227,14 +213,14 @@ class VllmHostLines:
                 self.num_reqs = max(self.num_reqs, req_index + 1)
                 self.req_id_to_index[req_id] = req_index
                 self.req_ids[req_index] = req_id
-                self.add_row(block_ids, req_index)
+                self.table.add_row(block_ids, req_index)
             else:  # a scheduled cached request
                 req_state = self.requests[req_id]
                 req_state.num_computed_tokens = num_computed
                 new_block_ids = out["new_blocks"].get(req_id)
                 if new_block_ids is not None:
                     req_state.block_ids.extend(new_block_ids)
-                    self.append_row(new_block_ids, req_index)
+                    self.table.append_row(new_block_ids, req_index)
             self.num_computed_tokens_cpu[req_index] = num_computed
             # The token this step decodes (the last sampled one), as _bookkeeping_sync writes
             # it: token_ids_cpu[req_idx, start:end] = sampled_ids, output_token_ids extended.
@@ -260,11 +246,7 @@ class VllmHostLines:
             torch.from_numpy(token_indices),
             out=self.input_ids[:total],
         )
-        # block_table.compute_slot_mapping (the NumPy form)
-        block_table_indices = req_indices * self.max_blocks + positions_np // self.block_size
-        block_numbers = self.block_table_np.ravel()[block_table_indices]
-        block_offsets = positions_np % self.block_size
-        np.add(block_numbers * self.block_size, block_offsets, out=self.slot_mapping_np[:total])
+        self.table.compute_slot_mapping(req_indices, positions_np)  # the NumPy form
         self.query_start_loc_np[0] = 0
         self.query_start_loc_np[1 : num_reqs + 1] = cu_num_tokens
         self.query_start_loc_np[num_reqs + 1 :].fill(cu_num_tokens[-1])

@@ -168,21 +168,25 @@ class _Stepper:
         raise NotImplementedError
 
 
+def _row_calls(table: PortBlockTable | VllmBlockTable, item: Step) -> None:
+    """One scheduler step as vLLM's worker makes it: per-row calls, then the commit."""
+    for row in item["finished"]:
+        table.clear_row(row)
+    for row, ids in item["appended"]:
+        table.append_row(ids, row)
+    for row, ids in item["added"]:
+        table.add_row(ids, row)
+    for src, tgt in item["moves"]:
+        table.move_row(src, tgt)
+    table.commit_block_table(item["num_reqs"])
+
+
 class _Port(_Stepper):
     def __init__(self, num_reqs: int, block_size: int) -> None:
         self.table = PortBlockTable(block_size, num_reqs, SEQ_LEN // block_size, num_reqs)
 
     def step(self, item: Step) -> None:
-        table = self.table
-        for row in item["finished"]:
-            table.clear_row(row)
-        for row, ids in item["appended"]:
-            table.append_row(ids, row)
-        for row, ids in item["added"]:
-            table.add_row(ids, row)
-        for src, tgt in item["moves"]:
-            table.move_row(src, tgt)
-        table.commit_block_table(item["num_reqs"])
+        _row_calls(self.table, item)
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         t = self.table
@@ -201,16 +205,7 @@ class _PerRow(_Stepper):
         )
 
     def step(self, item: Step) -> None:
-        table = self.table
-        for row in item["finished"]:
-            table.clear_row(row)
-        for row, ids in item["appended"]:
-            table.append_row(ids, row)
-        for row, ids in item["added"]:
-            table.add_row(ids, row)
-        for src, tgt in item["moves"]:
-            table.move_row(src, tgt)
-        table.commit_block_table(item["num_reqs"])
+        _row_calls(self.table, item)
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         t = self.table
