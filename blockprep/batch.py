@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
 import torch
 
 InputsT_contra = TypeVar("InputsT_contra", contravariant=True)
@@ -61,6 +62,13 @@ class DecodeBatch:
     - ``block_deltas``: blockprep's own field (after upstream's): a :mod:`blockprep.wire` message
       carrying what changed in the block lists since the worker's last step, instead of
       ``block_ids`` / ``block_ids_by_group`` (leave those empty); ``None`` otherwise.
+
+    ``token_ids``, ``seq_lens`` and ``prev_token_ids`` may also be given as lists, tuples or
+    NumPy arrays, as engines build them: they become CPU tensors on construction
+    (``torch.as_tensor``; a NumPy array shares its memory), so the adapters always read tensors.
+    Anything else (``None`` for ``token_ids`` or ``seq_lens``, a set, a string, a ragged list) is
+    a ``TypeError`` naming the field and saying what is expected. The values are not checked
+    here: the adapters check them (a float token id or a bool seq_len is rejected there).
     """
 
     request_ids: list[str]
@@ -77,6 +85,14 @@ class DecodeBatch:
     prev_hidden_states: torch.Tensor | None = None
     block_deltas: dict[str, Any] | None = None
 
+    def __post_init__(self) -> None:
+        if type(self.token_ids) is not torch.Tensor:
+            self.token_ids = _as_tensor(self.token_ids, "token_ids")
+        if type(self.seq_lens) is not torch.Tensor:
+            self.seq_lens = _as_tensor(self.seq_lens, "seq_lens")
+        if self.prev_token_ids is not None and type(self.prev_token_ids) is not torch.Tensor:
+            self.prev_token_ids = _as_tensor(self.prev_token_ids, "prev_token_ids")
+
 
 @dataclass
 class DecodeResult:
@@ -92,6 +108,26 @@ class DecodeResult:
     sampling_candidates: SamplingCandidates | None = None
     next_hidden_states: torch.Tensor | None = None
     accepted_token_ids: list[list[int]] | None = None
+
+
+def _as_tensor(value: object, name: str) -> torch.Tensor:
+    """A list, tuple or NumPy array of numbers as a tensor (a tensor as it is); ``TypeError``
+    naming ``name`` otherwise."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple, np.ndarray)):
+        try:
+            return torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(
+                f"DecodeBatch {name} must be an integer tensor, or a list, tuple or NumPy array "
+                f"of integers of one shape; {type(value).__name__} could not be converted "
+                f"({error})"
+            ) from None
+    raise TypeError(
+        f"DecodeBatch {name} must be an integer tensor, or a list, tuple or NumPy array of "
+        f"integers, got {type(value).__name__}"
+    )
 
 
 class DecodeExecutor(Protocol[InputsT_contra]):

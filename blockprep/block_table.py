@@ -20,7 +20,7 @@ written. Not thread-safe: one writer at a time.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, compress, count
 from typing import Any, Literal, NamedTuple, TypeVar
@@ -33,6 +33,7 @@ from blockprep.buffers import check_writable, claim_buffer, host_tensor
 from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
+    NOT_ID_ROWS,
     Kind,
     as_int,
     check_length,
@@ -62,6 +63,21 @@ RowItems = Mapping[int, _T] | Iterable[tuple[int, _T]]
 """Per-row values of :meth:`BlockTable.apply_deltas`: a ``{row: value}`` mapping or pairs."""
 
 _INT_ONLY = {int}
+
+_WRITE_METHODS = (
+    "write_row",
+    "write_rows",
+    "commit",
+    "copy_row",
+    "fill_rows",
+    "swap_rows",
+    "clear_row",
+    "append",
+    "set_ids",
+    "truncate",
+    "apply_deltas",
+)
+"""The methods that write the buffer: ``verify=True`` checks the table after each."""
 
 
 class StaleRowError(RuntimeError):
@@ -100,14 +116,25 @@ class BlockTable:
             allocating one. Its content is left as it is and its rows count as unknown.
         pin_memory, share_memory: how to allocate the buffer (see
             :func:`blockprep.buffers.host_tensor`); not with ``buffer``.
+        verify: after every write operation (``write_row``, ``write_rows``, ``commit``,
+            ``copy_row``, ``fill_rows``, ``swap_rows``, ``clear_row``, ``append``, ``set_ids``,
+            ``truncate``, ``apply_deltas``), run :meth:`verify`: every row whose ids the table
+            knows is compared with a from-scratch rebuild of those ids through
+            :mod:`blockprep.reference`, and :class:`StaleRowError` names the first differing row
+            and column. Slow (a rebuild of the whole table per write), off by default: the first
+            thing to switch on when wiring blockprep into an engine.
 
     Errors: a bad id raises what :func:`blockprep.paged_block_table` or
     :func:`blockprep.ring_block_table` would, naming the table row; a bad row index raises
     ``IndexError`` (``TypeError`` for a non-integer). A call that raises has written nothing and
     left the cache as it was.
 
-    A cache hit compares by value, as upstream did: ids equal to the row's cached ids (``[1.0]``
-    equals ``[1]``) are taken as those ids without another check.
+    The id rule (the grouped tables' rule, :mod:`blockprep.grouped`): an id equal by value to
+    the id the row already holds at that position is taken as that held int without another
+    check, as upstream's cache did (``[1.0, 2, 3]`` over a row holding ``[1, 2, 3]`` is a hit);
+    every other id must be an integer (a plain ``int``, or a NumPy integer, converted), so
+    ``[1.0, 2, 3, 4]`` is accepted over ``[1, 2, 3]`` (only the 4 is new) and rejected on a
+    fresh row. The cache stores plain ints only: the held ints, never the caller's ``1.0``.
     """
 
     def __init__(
@@ -120,8 +147,9 @@ class BlockTable:
         buffer: torch.Tensor | None = None,
         pin_memory: bool = False,
         share_memory: bool = False,
+        verify: bool = False,
     ) -> None:
-        if kind not in ("paged", "ring"):
+        if not isinstance(kind, str) or kind not in ("paged", "ring"):
             raise ValueError(f"kind must be 'paged' or 'ring', got {kind!r}")
         num_rows = as_int(num_rows, "num_rows")
         if num_rows < 0:
@@ -162,6 +190,9 @@ class BlockTable:
         self._misses = 0
         self._cells = 0
         self._epoch = 0  # bumped by every write and invalidation: a plan's staleness check
+        if verify:  # wrap this table's write methods; the class's own stay as fast as ever
+            for name in _WRITE_METHODS:
+                setattr(self, name, self._verified(name, getattr(self, name)))
 
     # --- properties ------------------------------------------------------------------------------
 
@@ -553,6 +584,70 @@ class BlockTable:
                     "buffer directly"
                 )
 
+    def verify(self) -> None:
+        """Compare every row whose ids the table knows with a from-scratch rebuild of those ids
+        through :mod:`blockprep.reference` (``ring_block_table_repeat``, ``block_table_per_row``;
+        a cleared row is all ``pad``), and check that the cache holds plain ints and agrees with
+        :attr:`lengths`. Rows of unknown content are skipped. Slow; what ``verify=True`` runs
+        after every write.
+
+        Raises:
+            StaleRowError: naming the first row (and column) that differs.
+        """
+        from blockprep import reference  # only here: verification is an opt-in slow path
+
+        width, pad = self._max_blocks, self._pad
+        expected = np.full((self._num_rows, width), pad, dtype=np.int32)
+        filled: list[int] = []
+        rows: list[list[int]] = []
+        for row, cached in enumerate(self._cached):
+            if cached is None:
+                continue
+            bad = next((x for x in cached if type(x) is not int), None)
+            if bad is not None:
+                raise StaleRowError(
+                    f"verify: block-table row {row} caches {bad!r} of type {type(bad).__name__}; "
+                    "the cache must hold plain ints"
+                )
+            if len(cached) != int(self._lengths[row]):
+                raise StaleRowError(
+                    f"verify: block-table row {row} caches {len(cached)} ids, but its length "
+                    f"says {int(self._lengths[row])}"
+                )
+            if cached:
+                filled.append(row)
+                rows.append(list(cached))
+        if rows:
+            if self._kind == "ring":
+                rebuilt = reference.ring_block_table_repeat(rows, max_blocks=width)
+            else:
+                rebuilt = reference.block_table_per_row(rows, max_blocks=width, pad=pad)
+            expected[filled] = rebuilt.numpy()
+        known = np.array([cached is not None for cached in self._cached], dtype=bool)
+        differs = (self._rows != expected) & known[:, None]
+        if differs.any():
+            row, column = (int(i) for i in np.argwhere(differs)[0])
+            raise StaleRowError(
+                f"verify: block-table row {row} column {column} holds "
+                f"{int(self._rows[row, column])}, but a rebuild of its ids through "
+                f"blockprep.reference gives {int(expected[row, column])}"
+            )
+
+    def _verified(self, name: str, method: Callable[..., _T]) -> Callable[..., _T]:
+        """``method``, then :meth:`verify` (the write has happened: the error says after what)."""
+
+        def verified(*args: Any, **kwargs: Any) -> _T:
+            result = method(*args, **kwargs)
+            try:
+                self.verify()
+            except StaleRowError as error:
+                raise StaleRowError(f"{error} (after {name})") from None
+            return result
+
+        verified.__name__ = verified.__qualname__ = name
+        verified.__doc__ = method.__doc__
+        return verified
+
     def take_dirty(self) -> list[int]:
         """The rows written since the last call, ascending; the set starts empty again."""
         dirty = sorted(self._dirty)
@@ -614,9 +709,11 @@ class BlockTable:
                 raise TypeError(
                     f"{label} row {row} has dtype {values.dtype}; block IDs must be integers"
                 )
+            if isinstance(values, torch.Tensor) and values.is_meta:
+                raise ValueError(f"{label} row {row} {what} are on the meta device: no values")
             listed: list[Any] = values.tolist()
             return listed
-        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        if isinstance(values, NOT_ID_ROWS) or not isinstance(values, Sequence):
             name = type(values).__name__
             raise TypeError(f"{label} row {row} {what} must be a sequence of {items}, got {name}")
         return values if type(values) is list else list(values)
@@ -869,7 +966,10 @@ class BlockTable:
                 return None
             if self._kind == "paged":
                 start = self._changed_from(row, key, cached)
-                return _Plan(key, start, None, self._checked(row, key[start:]))
+                # The id rule: ids before ``start`` equal the held ones by value and are taken
+                # as the held ints (the cache never stores the caller's 1.0 or np.int64).
+                values = self._checked(row, key[start:])
+                return _Plan(cached[:start] + values, start, None, values)
             if len(key) != len(cached):
                 return self._full_plan(row, ids, key)
             slots = self._changed_slots(row, key, cached)
@@ -938,14 +1038,18 @@ class BlockTable:
         return ids
 
     def _full_plan(self, row: int, ids: object, key: list[Any] | None) -> _Plan:
+        plain = key is not None and set(map(type, key)) <= _INT_ONLY
+        held = self._cached[row]
+        if key is not None and not plain and type(held) is list and held:
+            # The id rule: an id equal by value to the held id at its position is the held int
+            # (so it needs no type check); only the others must be integers.
+            ids = key = _as_held(key, held)
+            plain = set(map(type, key)) <= _INT_ONLY
         values = row_values(row, ids, self._max_blocks, self._kind).astype(np.int32, copy=False)
         if np.may_share_memory(values, self._flat):  # ids read from this table: copy them first
             values = values.copy()
-        if key is not None and set(map(type, key)) <= {int}:
-            # Cache the caller's own int objects: the next comparison then matches by identity.
-            cache = key[:] if key is ids else key
-        else:
-            cache = values.tolist()
+        # Cache the caller's own int objects: the next comparison then matches by identity.
+        cache = values.tolist() if not plain or key is None else key[:] if key is ids else key
         return _Plan(cache, 0, None, values, full=True)
 
     def _changed_slots(self, row: int, key: list[Any], cached: list[Any]) -> list[int]:
@@ -1124,6 +1228,21 @@ class _Plan(NamedTuple):
     slots: list[int] | None
     values: npt.NDArray[np.int32] | list[int]
     full: bool = False
+
+
+def _as_held(key: list[Any], held: list[int]) -> list[Any]:
+    """``key`` with each non-int scalar that equals the held id at its position by value
+    replaced by that held int (``[1.0, 2, 5.0]`` over ``[1, 2, 3]``: ``[1, 2, 5.0]``)."""
+    result = list(key)
+    for i, (x, old) in enumerate(zip(key, held, strict=False)):
+        if type(x) is int or getattr(x, "ndim", 0) != 0 or isinstance(x, (list, tuple)):
+            continue
+        try:
+            if bool(x == old):
+                result[i] = old
+        except (TypeError, ValueError, RuntimeError):
+            continue
+    return result
 
 
 def _listed_hit(ids: object, cached: Any) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import importlib
 import itertools
+import math
 import sys
 import threading
 import weakref
@@ -15,6 +16,45 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from blockprep.ids import as_int
+
+NPU_PACKAGE = "torch_npu"
+"""The package that registers torch's ``"npu"`` device (Ascend's PyTorch backend). blockprep
+imports it only for an ``"npu"`` device and never lists it as a dependency: the PyPI package pins
+its own torch and needs Huawei's CANN libraries, without which ``import torch`` itself fails."""
+
+
+def torch_device(device: str | torch.device) -> torch.device:
+    """``device`` parsed as a :class:`torch.device`, importing ``torch_npu`` first when it names
+    an ``"npu"`` device (torch itself does not know the type until that package registers it).
+
+    Raises:
+        ImportError: an ``"npu"`` device and ``torch_npu`` absent, or failing to import (the
+            message names the package; the import's own error is chained).
+        RuntimeError: ``torch_npu`` imported but the device still does not parse (it did not
+            register ``"npu"``), or any other device torch does not know.
+    """
+    if isinstance(device, torch.device):
+        return device  # parsed already: its backend is registered
+    if isinstance(device, str) and device.split(":", 1)[0].strip().lower() == "npu":
+        try:
+            importlib.import_module(NPU_PACKAGE)
+        except Exception as error:  # absent, or present without CANN: name the package
+            raise ImportError(
+                f"device {device!r} needs the {NPU_PACKAGE} package (Ascend's PyTorch backend, "
+                f"installed with CANN), which could not be imported: {error}. blockprep does not "
+                f"install it; on a host without an NPU use device='cpu'",
+                name=NPU_PACKAGE,
+            ) from error
+        try:
+            return torch.device(device)
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"{NPU_PACKAGE} was imported but torch still does not know device {device!r}: "
+                f"{error}"
+            ) from None
+    return torch.device(device)
 
 
 def pin_memory_available() -> bool:
@@ -40,12 +80,27 @@ def host_tensor(
     into shared memory, which processes forked afterwards see. Its address is final on return.
 
     Raises:
-        ValueError: both ``pin_memory`` and ``share_memory``: torch cannot pin shared memory here.
+        ValueError: both ``pin_memory`` and ``share_memory``: torch cannot pin shared memory here;
+            a negative size; a size too large to allocate (torch's error chained).
+        TypeError: ``shape`` not a tuple or list of integers, ``dtype`` not a ``torch.dtype``.
     """
     if pin_memory and share_memory:
         raise ValueError("pin_memory and share_memory cannot be combined")
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"shape must be a tuple of integers, got {type(shape).__name__}")
+    sizes = tuple(as_int(size, "shape size") for size in shape)
+    if any(size < 0 for size in sizes):
+        raise ValueError(f"shape {sizes} has a negative size")
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
     pin = pin_memory and pin_memory_available()
-    tensor = torch.full(shape, fill, dtype=dtype, pin_memory=pin)
+    try:
+        tensor = torch.full(sizes, fill, dtype=dtype, pin_memory=pin)
+    except (RuntimeError, MemoryError) as error:  # overflowed or failed allocation
+        nbytes = math.prod(sizes) * dtype.itemsize
+        raise ValueError(
+            f"cannot allocate a host buffer of shape {sizes} and {dtype} ({nbytes} bytes)"
+        ) from error
     if share_memory:
         tensor.share_memory_()  # type: ignore[no-untyped-call]
     return tensor
@@ -269,9 +324,9 @@ class DeviceMirror:
 
     On device ``"cpu"`` the host buffer *is* the buffer (``tensor`` returns it, :meth:`sync` does
     nothing), unless ``separate=True`` asks for a distinct CPU copy (useful to test a mirror
-    without an accelerator). On ``"cuda"`` or ``"npu"`` (``torch_npu`` is imported when present)
-    a device tensor of the same shape and dtype is allocated once; :meth:`sync` copies the given
-    rows (dim 0), or everything, with ``non_blocking=True``.
+    without an accelerator). On ``"cuda"`` or ``"npu"`` (``torch_npu`` imported first, see
+    :func:`torch_device`) a device tensor of the same shape and dtype is allocated once;
+    :meth:`sync` copies the given rows (dim 0), or everything, with ``non_blocking=True``.
 
     The copies read the host buffer when the device runs them, which may be after :meth:`sync`
     returns. So each :meth:`sync` records a fence after its copies, and whoever writes the host
@@ -279,6 +334,11 @@ class DeviceMirror:
     have read step N's values before step N+1 overwrites them). :func:`wait_host_free` waits on
     several mirrors. ``copier`` replaces how copies and fences are made (a :class:`MirrorCopier`;
     tests pass one whose copies are deferred).
+
+    Raises ``TypeError`` when ``host`` is not a tensor or ``device`` not a str or
+    :class:`torch.device`; ``ValueError`` when ``host`` is not on the CPU, for a device torch does
+    not know, or one this torch build cannot use (``"cuda"`` without CUDA); ``ImportError`` for
+    ``"npu"`` without ``torch_npu`` (see :func:`torch_device`).
     """
 
     def __init__(
@@ -289,12 +349,25 @@ class DeviceMirror:
         separate: bool = False,
         copier: MirrorCopier | None = None,
     ) -> None:
-        device = torch.device(device)
-        if device.type == "npu":
-            importlib.import_module("torch_npu")
+        if not isinstance(host, torch.Tensor):
+            raise TypeError(f"host must be a torch.Tensor, got {type(host).__name__}")
+        if host.device.type != "cpu":
+            raise ValueError(f"host must be a CPU tensor, got one on {host.device}")
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+        try:
+            device = torch_device(device)  # imports torch_npu before parsing "npu"
+        except RuntimeError as error:
+            raise ValueError(f"unknown device {device!r}") from error
         self._host = host
         self._shared = device.type == "cpu" and not separate
-        self._tensor = host if self._shared else torch.empty_like(host, device=device)
+        try:
+            self._tensor = host if self._shared else torch.empty_like(host, device=device)
+        except (RuntimeError, AssertionError) as error:  # "not compiled with CUDA", no device
+            raise ValueError(
+                f"device {str(device)!r} is not available to this torch build (its error is "
+                "chained)"
+            ) from error
         self._copier: MirrorCopier = _TorchCopier(device) if copier is None else copier
         self._fence: MirrorFence | None = None
         if not self._shared:
@@ -323,7 +396,7 @@ class DeviceMirror:
             self._copier.copy(self._tensor, self._host)
             self._fence = self._copier.record()
             return
-        ordered = sorted(set(rows))
+        ordered = sorted({as_int(row, "mirror row") for row in rows})
         if ordered and (ordered[0] < 0 or ordered[-1] >= len(self._host)):
             bad = ordered[0] if ordered[0] < 0 else ordered[-1]
             raise IndexError(f"mirror row {bad} is out of range for {len(self._host)} rows")

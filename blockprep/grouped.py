@@ -187,20 +187,37 @@ class GroupedStep:
 class _SlotState:
     """One buffer slot: its buffers and the steps it has yet to replay (``None``: re-render)."""
 
-    def __init__(self, groups: Sequence[TableGroup], num_rows: int, share_memory: bool) -> None:
-        # Filled (so faulted in) here, not on the first step.
-        self.tables = {
-            g.name: host_tensor((num_rows, g.width), torch.int32, fill=0, share_memory=share_memory)
-            for g in groups
-        }
-        self.arrays = [self.tables[g.name].numpy() for g in groups]
-        self.counts = host_tensor(
-            (num_rows, len(groups)), torch.int32, fill=0, share_memory=share_memory
-        )
-        self.counts_np = self.counts.numpy()
+    def __init__(
+        self,
+        groups: Sequence[TableGroup],
+        num_rows: int,
+        share_memory: bool,
+        adopted: tuple[Mapping[str, torch.Tensor], torch.Tensor] | None = None,
+        track_rows: bool = False,
+    ) -> None:
         self.backlog: list[GroupedStep] | None = []
+        if adopted is None:
+            # Filled (so faulted in) here, not on the first step.
+            self.tables = {
+                g.name: host_tensor(
+                    (num_rows, g.width), torch.int32, fill=0, share_memory=share_memory
+                )
+                for g in groups
+            }
+            self.counts = host_tensor(
+                (num_rows, len(groups)), torch.int32, fill=0, share_memory=share_memory
+            )
+        else:
+            tables, counts = adopted
+            self.tables = {g.name: tables[g.name] for g in groups}
+            self.counts = counts
+            self.backlog = None  # content unknown: the first commit renders every row
+        self.arrays = [self.tables[g.name].numpy() for g in groups]
+        self.counts_np = self.counts.numpy()
         self.counts_from: npt.NDArray[np.int32] | None = None  # the counts last copied in
         self.stats = [[0, 0, 0] for _ in groups]  # hits, misses, cells_written
+        # Rows written since last taken (``track_rows``), else None.
+        self.touched: set[int] | None = set() if track_rows else None
 
 
 class GroupedTables:
@@ -213,8 +230,15 @@ class GroupedTables:
         share_memory: allocate every buffer in shared memory (for workers forked afterwards).
         block_rows: whole rows of a group from which a step checks and renders them as one
             block (a tuning knob: the result is the same either way).
+        buffers: adopt these buffers instead of allocating: per slot, ``(tables, counts)`` with
+            ``tables`` a mapping from every group name to an int32 CPU tensor ``[num_rows,
+            width]`` and ``counts`` int32 ``[num_rows, groups]``, all contiguous and writable
+            (views of bigger buffers are fine). Their content is taken as unknown: each slot's
+            first commit writes every row. ``share_memory`` does not apply.
+        track_rows: record, per slot, the rows each commit writes (replayed writes and
+            ``counts`` rows included), for :meth:`take_touched_rows`.
 
-    Every buffer is allocated here, once, zero-filled; its address never changes.
+    Every buffer is allocated here (or adopted), once, zero-filled; its address never changes.
     """
 
     def __init__(
@@ -225,6 +249,8 @@ class GroupedTables:
         slots: int = 1,
         share_memory: bool = False,
         block_rows: int = BLOCK_RENDER_MIN_ROWS,
+        buffers: Sequence[tuple[Mapping[str, torch.Tensor], torch.Tensor]] | None = None,
+        track_rows: bool = False,
     ) -> None:
         groups = tuple(groups)
         if not groups or not all(isinstance(g, TableGroup) for g in groups):
@@ -244,7 +270,17 @@ class GroupedTables:
         if self._block_rows < 1:
             raise ValueError(f"block_rows must be positive, got {self._block_rows}")
         self._row_range = range(num_rows)
-        self._slots = [_SlotState(groups, num_rows, share_memory) for _ in range(slots)]
+        if buffers is None:
+            adopted: list[tuple[Mapping[str, torch.Tensor], torch.Tensor] | None] = [None] * slots
+        else:
+            if share_memory:
+                raise ValueError("share_memory applies only to allocated buffers")
+            adopted = [_checked_adopted(groups, num_rows, b, s) for s, b in enumerate(buffers)]
+            if len(adopted) != slots:
+                raise ValueError(f"buffers must hold {slots} slots, got {len(adopted)}")
+        self._slots = [
+            _SlotState(groups, num_rows, share_memory, adopted[s], track_rows) for s in range(slots)
+        ]
         self._latest: tuple[list[list[int] | None], ...] = tuple([None] * num_rows for _ in groups)
         self._keys: list[Hashable | None] = [None] * num_rows
         self._hints: tuple[list[int], ...] = tuple([0] * num_rows for _ in groups)
@@ -273,6 +309,16 @@ class GroupedTables:
     def counts(self, slot: int) -> torch.Tensor:
         """Slot ``slot``'s int32 ``[num_rows, groups]`` ids-per-row table (the buffer)."""
         return self._state(slot).counts
+
+    def take_touched_rows(self, slot: int) -> set[int]:
+        """The rows of slot ``slot`` that commits wrote since the last call (a row written with
+        the value it held counts too); empties the record. ``ValueError`` unless built with
+        ``track_rows=True``."""
+        state = self._state(slot)
+        if state.touched is None:
+            raise ValueError("take_touched_rows needs GroupedTables(..., track_rows=True)")
+        touched, state.touched = state.touched, set()
+        return touched
 
     def latest_ids(self, group: int, row: int) -> list[int] | None:
         """A copy of the ids ``row`` holds in ``group`` as of the latest commit (``None``: none)."""
@@ -518,6 +564,9 @@ class GroupedTables:
                 self._apply(state, past)
             self._apply(state, step)
         if state.counts_from is not step.counts:
+            if state.touched is not None:
+                changed = (state.counts_np != step.counts).any(axis=1)
+                state.touched.update(np.flatnonzero(changed).tolist())
             np.copyto(state.counts_np, step.counts)
             state.counts_from = step.counts
         state.backlog = []
@@ -556,6 +605,8 @@ class GroupedTables:
                 self._tile(table, tiling)
             for key, value in writes.cells:
                 table[key] = value
+            if state.touched is not None:
+                _touched_rows(state.touched, writes)
             counters = state.stats[gi]
             counters[0] += max(rows - writes.rows, 0)
             counters[1] += writes.rows
@@ -574,6 +625,8 @@ class GroupedTables:
             table[rows] = part
 
     def _render_all(self, state: _SlotState, latest: tuple[list[list[int] | None], ...]) -> None:
+        if state.touched is not None:
+            state.touched.update(self._row_range)
         for gi, group in enumerate(self._groups):
             table = state.arrays[gi]
             known = [row for row, ids in enumerate(latest[gi]) if ids is not None]
@@ -1066,6 +1119,46 @@ class _GroupPlanner:
         """One row written, ``cells`` cells of it."""
         self.rows_written += 1
         self.cell_count += cells
+
+
+def _touched_rows(touched: set[int], writes: _GroupWrites) -> None:
+    """Add the rows ``writes`` write to ``touched``."""
+    touched.update(writes.copy_dst)
+    for index, _ in writes.blocks:
+        touched.update(index.tolist())
+    for rows, ids in writes.tilings:
+        if isinstance(rows, int):
+            touched.update(range(rows, rows + ids.shape[0]))
+        else:
+            touched.update(rows.tolist())
+    touched.update(key[0] for key, _ in writes.cells)
+
+
+def _checked_adopted(
+    groups: Sequence[TableGroup], num_rows: int, buffers: object, slot: int
+) -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
+    """One slot's adopted ``(tables, counts)``, checked: int32, CPU, contiguous, shapes."""
+    if not isinstance(buffers, tuple) or len(buffers) != 2:
+        raise TypeError(f"buffers[{slot}] must be a (tables, counts) pair")
+    tables, counts = buffers
+    if not isinstance(tables, Mapping):
+        raise TypeError(f"buffers[{slot}] tables must map group names to tensors")
+    wanted = {g.name: (num_rows, g.width) for g in groups}
+    wanted_counts = (num_rows, len(groups))
+    for name, shape in [*wanted.items(), ("counts", wanted_counts)]:
+        tensor = counts if name == "counts" else tables.get(name)
+        where = f"buffers[{slot}][{name!r}]"
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{where} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype != torch.int32 or tensor.device.type != "cpu":
+            raise TypeError(
+                f"{where} must be an int32 CPU tensor, got {tensor.dtype} on {tensor.device}"
+            )
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"{where} must have shape {shape}, got {tuple(tensor.shape)}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{where} must be contiguous")
+    return tables, counts
 
 
 def _equal(x: object, held: int) -> bool:

@@ -8,17 +8,22 @@ Errors, per row in row order (the first failing row wins; within a row, in this 
 
 - ring rows only: an empty row, then a row longer than ``max_blocks``;
 - paged rows only: a row longer than ``max_blocks`` (upstream's message);
-- a row that is not a sequence of ids, an id that is not an integer (``bool`` and ``float``
+- a row that is not an ordered sequence of ids (a ``set``, ``dict``, ``str``, ``bytes``,
+  ``bytearray`` or ``memoryview`` included), an id that is not an integer (``bool`` and ``float``
   included): ``TypeError`` naming the row;
-- a negative id: upstream's ``ValueError("block IDs must not be negative")``;
+- a negative id: upstream's ``ValueError("block IDs must not be negative")`` with the place
+  appended: ``"block IDs must not be negative (block-table row 3, id -1)"``;
 - an id above ``2**31 - 1``: ``ValueError`` naming the row and the id.
+
+``rows`` itself must be ordered too: a ``set``, ``dict`` (or other mapping), string or bytes-like
+object, or a 0-d array, raises ``TypeError`` (a set would assign rows in arbitrary order).
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,6 +39,8 @@ NEGATIVE_ID_MESSAGE = "block IDs must not be negative"
 Kind = Literal["ring", "paged"]
 
 _LIST_TYPES = frozenset({list, tuple})
+NOT_ID_ROWS = (str, bytes, bytearray, memoryview, Set, Mapping)
+"""Containers never taken as a row of ids (or as the rows): unordered, or bytes and text."""
 _INT_ONLY = {int}
 
 
@@ -63,8 +70,11 @@ class IdRows:
 
 
 def as_int(value: object, name: str) -> int:
-    """``value`` as an int; ``TypeError`` naming ``name`` for bools and non-integers."""
-    if isinstance(value, (bool, np.bool_)):
+    """``value`` as an int; ``TypeError`` naming ``name`` for bools and non-integers (a 0-d bool
+    tensor included, which ``operator.index`` would take as 0 or 1)."""
+    if isinstance(value, (bool, np.bool_)) or (
+        isinstance(value, torch.Tensor) and value.dtype == torch.bool
+    ):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     try:
         return operator.index(value)  # type: ignore[arg-type]
@@ -99,8 +109,14 @@ def id_rows(rows: Any, max_blocks: int, kind: Kind) -> IdRows:
         return _id_rows_by_row(list(rows), max_blocks, kind)
     if not isinstance(rows, (list, tuple)):
         is_table = isinstance(rows, (np.ndarray, torch.Tensor)) and rows.ndim > 0
-        if not is_table and (isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable)):
-            raise TypeError(f"rows must be an iterable of block-id rows, got {type(rows).__name__}")
+        if not is_table and (
+            isinstance(rows, (np.ndarray, torch.Tensor, *NOT_ID_ROWS))
+            or not isinstance(rows, Iterable)
+        ):
+            raise TypeError(
+                "rows must be an iterable of block-id rows, in order (a list, tuple, or 2-D "
+                f"integer array or tensor), got {_describe(rows)}"
+            )
         rows = list(rows)
     if set(map(type, rows)) <= _LIST_TYPES:
         fast = _lists_fast(rows, max_blocks, kind)
@@ -182,11 +198,11 @@ def row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[Any
         array = _as_numpy(row)
         if array.size:
             if int(array.min()) < 0:
-                raise ValueError(NEGATIVE_ID_MESSAGE)
+                raise_negative(r, int(array[array < 0][0]), kind)
             if int(array.max()) > INT32_MAX:
                 _raise_above_int32(r, int(array[array > INT32_MAX][0]), kind)
         return array
-    if isinstance(row, (str, bytes)) or not isinstance(row, Sequence):
+    if isinstance(row, NOT_ID_ROWS) or not isinstance(row, Sequence):
         name = type(row).__name__
         raise TypeError(f"{label} row {r} must be a sequence of block IDs, got {name}")
     check_length(r, len(row), max_blocks, kind)
@@ -212,8 +228,9 @@ def checked_ids(r: int, ids: Iterable[Any], kind: Kind) -> npt.NDArray[np.int32]
                 f"{_label(kind)} row {r} holds {x!r} of type {name}; block IDs must be integers"
             )
         ints.append(operator.index(x))
-    if any(x < 0 for x in ints):
-        raise ValueError(NEGATIVE_ID_MESSAGE)
+    for x in ints:
+        if x < 0:
+            raise_negative(r, x, kind)
     for x in ints:
         if x > INT32_MAX:
             _raise_above_int32(r, x, kind)
@@ -231,6 +248,8 @@ def id_list(ids: object) -> list[Any] | None:
     if isinstance(ids, tuple):
         return list(ids)
     if isinstance(ids, (np.ndarray, torch.Tensor)) and ids.ndim == 1 and has_integer_dtype(ids):
+        if isinstance(ids, torch.Tensor) and ids.is_meta:
+            return None  # no values: the whole-row check raises
         values: list[Any] = ids.tolist()
         return values
     return None
@@ -246,6 +265,19 @@ def check_length(r: int, n: int, max_blocks: int, kind: Kind) -> None:
         raise ValueError(f"row {r} has {n} blocks, maximum is {max_blocks}")
 
 
+def raise_negative(r: int, value: int, kind: Kind) -> None:
+    """Upstream's negative-id message, the place appended: ``"block IDs must not be negative
+    (block-table row 3, id -1)"`` (tests match the prefix)."""
+    raise ValueError(f"{NEGATIVE_ID_MESSAGE} ({_label(kind)} row {r}, id {value})")
+
+
+def _describe(value: object) -> str:
+    """``value``'s type for a message (and its dimensions when it is an array or tensor)."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return f"a {value.ndim}-d {type(value).__name__}"
+    return type(value).__name__
+
+
 def _raise_above_int32(r: int, value: int, kind: Kind) -> None:
     raise ValueError(f"{_label(kind)} row {r} holds block ID {value}, maximum is {INT32_MAX}")
 
@@ -257,7 +289,7 @@ def is_integer_id(x: object) -> bool:
     if isinstance(x, (int, np.integer)):
         return True
     if isinstance(x, (np.ndarray, torch.Tensor)) and x.ndim == 0:
-        return has_integer_dtype(x)
+        return has_integer_dtype(x) and not (isinstance(x, torch.Tensor) and x.is_meta)
     return False
 
 
@@ -276,5 +308,7 @@ def has_integer_dtype(array: npt.NDArray[Any] | torch.Tensor) -> bool:
 def _as_numpy(array: npt.NDArray[Any] | torch.Tensor) -> npt.NDArray[Any]:
     """A NumPy view of a CPU integer tensor (a host copy of a device one); arrays pass through."""
     if isinstance(array, torch.Tensor):
+        if array.is_meta:
+            raise ValueError("block IDs on the meta device hold no values")
         return array.detach().cpu().numpy()
     return array

@@ -317,6 +317,9 @@ def deepseek_v4_decode_rebuild(
     mtp: bool = False,
     fix: bool = False,
     out: Mapping[str, torch.Tensor] | None = None,
+    token_rows: Sequence[Sequence[int]] | None = None,
+    positions: Sequence[Sequence[int]] | None = None,
+    active_seq: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """Upstream's DeepSeek V4 decode step, rebuilt from scratch: all ``7 * ranks`` tables.
 
@@ -329,7 +332,10 @@ def deepseek_v4_decode_rebuild(
     with upstream's replication (every row request 0, an active rank's rows its first request,
     then each request's own row). ``mtp``: token rows ``[prev, current]`` at positions
     ``(s-2, s-1)`` and two logit rows per request; otherwise ``current`` at ``s-1`` repeated over
-    ``decode_seq``, one logit row per request.
+    ``decode_seq``, one logit row per request. ``token_rows``/``positions`` (``[A][decode_seq]``)
+    and ``active_seq``: explicit rows, as upstream's ``prepare_mtp_target_inputs`` (MTP target
+    chunks, ``active_seq = active_width``) and ``prepare_decode`` (placeholder zeros,
+    ``active_seq`` 1 or, fused MTP, 2) pass them to ``_prepare_decode_inputs``.
 
     Returns ``out`` (filled in place, like upstream's ``copy_shared``) or new tensors, keyed by
     group name (int32 ``[ranks, decode_batch, width]``) and ``block_counts`` (int32
@@ -363,7 +369,11 @@ def deepseek_v4_decode_rebuild(
     # Dynamic inputs (seed-semantics 6.5).
     seq_lens = [int(s) for s in batch.seq_lens.tolist()]
     current = batch.token_ids if batch.token_ids.ndim == 1 else batch.token_ids[:, 0]
-    if mtp:
+    if token_rows is not None:
+        assert positions is not None and active_seq is not None
+        token_rows = [[int(t) for t in row] for row in token_rows]
+        positions = [[int(p) for p in row] for row in positions]
+    elif mtp:
         assert batch.prev_token_ids is not None
         previous = batch.prev_token_ids.reshape(-1).tolist()
         token_rows = [[int(p), int(c)] for p, c in zip(previous, current.tolist(), strict=True)]
@@ -371,7 +381,8 @@ def deepseek_v4_decode_rebuild(
     else:
         token_rows = [[int(c)] * decode_seq for c in current.tolist()]
         positions = [[s - 1] * decode_seq for s in seq_lens]
-    active_seq = 2 if mtp else 1
+    if active_seq is None:
+        active_seq = 2 if mtp else 1
     input_ids = staged["input_ids"].view(ranks, decode_batch, decode_seq)
     position_ids = staged["position_ids"].view(ranks, decode_batch, decode_seq)
     input_ids[...] = torch.tensor(token_rows[0], dtype=torch.int64)

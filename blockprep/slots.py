@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.buffers import check_no_self_overlap, check_writable
-from blockprep.ids import INT32_MAX, as_int, checked_ids
+from blockprep.ids import INT32_MAX, NOT_ID_ROWS, as_int, checked_ids
 
 
 def paged_slot_mapping(
@@ -34,16 +34,28 @@ def paged_slot_mapping(
         out: an int32 CPU tensor or array with at least ``A`` elements.
 
     Raises:
-        ValueError: a seq_len below 1; a page list too small for the position (upstream's
-            ``"page_ids list length {n} is too small for decode position {t}; need at least {k}
-            pages"``); a slot above ``2**31 - 1`` (row and slot named) instead of wrapping.
-            Nothing is written.
-        TypeError: a page id that is not an integer (row named).
+        ValueError: a seq_len below 1 (row named); a page list too small for the position
+            (upstream's ``"page_ids list length {n} is too small for decode position {t}; need
+            at least {k} pages"``); a slot above ``2**31 - 1`` (row and slot named) instead of
+            wrapping. Nothing is written.
+        TypeError: ``pages`` or ``seq_lens`` not an ordered sequence (a ``set`` or ``dict``
+            included), a page list that is not one, a page id or seq_len that is not an integer
+            (``bool`` and ``float`` included; row named); ``out`` not an int32 CPU tensor or
+            NumPy array.
     """
     slots = decode_slots(pages, seq_lens, page_size)
     if out is None:
         return torch.tensor(slots, dtype=torch.int32)
-    target = out.numpy() if isinstance(out, torch.Tensor) else out
+    if isinstance(out, torch.Tensor):
+        if out.device.type != "cpu":
+            raise TypeError(
+                f"out must be an int32 CPU tensor or array, got a tensor on {out.device}"
+            )
+        target = out.detach().numpy()
+    elif isinstance(out, np.ndarray):
+        target = out
+    else:
+        raise TypeError(f"out must be an int32 CPU tensor or array, got {type(out).__name__}")
     if target.dtype != np.int32 or target.ndim != 1 or len(target) < len(slots):
         raise ValueError(f"out must be int32 with at least {len(slots)} elements")
     check_writable(out, "out")
@@ -59,6 +71,8 @@ def decode_slots(
     page_size = as_int(page_size, "page_size")
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
+    _check_sequence(pages, "pages")
+    _check_sequence(seq_lens, "seq_lens")
     if len(pages) != len(seq_lens):
         raise ValueError(f"{len(pages)} page lists for {len(seq_lens)} seq_lens")
     return [
@@ -69,6 +83,17 @@ def decode_slots(
 def decode_slot(row: int, pages: Sequence[Any], seq_len: int, page_size: int) -> int:
     """Row ``row``'s slot for a sequence of ``seq_len`` tokens in ``pages``; see
     :func:`paged_slot_mapping` for the errors (``page_size`` is trusted to be positive)."""
+    if type(seq_len) is not int:  # bools, floats, arrays: no silent 1/0 or truncation
+        seq_len = as_int(seq_len, f"slot-mapping row {row} seq_len")
+    if type(pages) is not list and (
+        isinstance(pages, NOT_ID_ROWS)
+        or not isinstance(pages, (Sequence, np.ndarray, torch.Tensor))
+        or getattr(pages, "ndim", 1) != 1
+    ):
+        raise TypeError(
+            f"slot-mapping row {row} pages must be a sequence of page ids, "
+            f"got {type(pages).__name__}"
+        )
     if seq_len < 1:
         raise ValueError(f"slot-mapping row {row} has seq_len {seq_len}; it must be positive")
     position = seq_len - 1
@@ -87,3 +112,14 @@ def decode_slot(row: int, pages: Sequence[Any], seq_len: int, page_size: int) ->
             f"slot-mapping row {row} maps to slot {slot} (page {page}), above {INT32_MAX}"
         )
     return slot
+
+
+def _check_sequence(value: object, name: str) -> None:
+    """``TypeError`` naming ``name`` unless ``value`` is an ordered sequence (a list, tuple, or an
+    array or tensor of at least one dimension)."""
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        if value.ndim >= 1:
+            return
+    elif isinstance(value, Sequence) and not isinstance(value, NOT_ID_ROWS):
+        return
+    raise TypeError(f"{name} must be a sequence (list, tuple, array), got {type(value).__name__}")

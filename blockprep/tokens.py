@@ -8,6 +8,7 @@ changes, so :class:`PaddedTokenBuffer` zeroes it once and afterwards writes colu
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.buffers import check_writable, host_tensor
-from blockprep.ids import as_int
+from blockprep.ids import as_int, has_integer_dtype, is_integer_id
 
 
 class PaddedTokenBuffer:
@@ -31,6 +32,11 @@ class PaddedTokenBuffer:
 
     The padding columns are zeroed when the buffer is made or adopted and by :meth:`reset`, and
     never written otherwise.
+
+    Tokens are integers: a ``float`` (``11.7``), a ``bool``, a float or bool array or tensor is a
+    ``TypeError`` naming the row and the value, never truncated or taken as 0/1; NumPy integers
+    and 0-d integer arrays are converted. A token outside ``dtype`` is a ``ValueError`` naming the
+    row. Nothing is written on any error.
     """
 
     def __init__(
@@ -48,12 +54,16 @@ class PaddedTokenBuffer:
             raise ValueError(f"batch must be positive, got {batch}")
         if width < 1:
             raise ValueError("compiled decode token buffer must have at least one column")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
             raise TypeError(f"dtype must be an integer dtype, got {dtype}")
         if buffer is None:
             buffer = host_tensor(
                 (batch, width), dtype, fill=0, pin_memory=pin_memory, share_memory=share_memory
             )
+        elif not isinstance(buffer, torch.Tensor):
+            raise TypeError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
         elif tuple(buffer.shape) != (batch, width) or buffer.dtype != dtype:
             raise ValueError(
                 f"buffer must be {dtype} of shape {(batch, width)}, "
@@ -82,8 +92,10 @@ class PaddedTokenBuffer:
         self._rows[:, 1:] = 0
 
     def check_tokens(self, tokens: list[int]) -> None:
-        """Raise ``ValueError`` naming the first row whose token does not fit the dtype, or when
-        there are more tokens than rows."""
+        """Raise ``TypeError`` naming the first row whose token is not an integer (``bool`` and
+        ``float`` included), ``ValueError`` naming the first row whose token does not fit the
+        dtype, or when there are more tokens than rows."""
+        tokens = _token_list(tokens)
         if len(tokens) > len(self._rows):
             raise ValueError(f"{len(tokens)} tokens for a token buffer of {len(self._rows)} rows")
         if not tokens or (self._low <= min(tokens) and max(tokens) <= self._high):
@@ -97,7 +109,7 @@ class PaddedTokenBuffer:
     def fits(self, tokens: npt.NDArray[Any]) -> bool:
         """Whether an integer array of tokens fits the dtype and the rows (no message: on
         ``False``, :meth:`check_tokens` on its ``tolist()`` names the row)."""
-        if len(tokens) > len(self._rows):
+        if len(tokens) > len(self._rows) or tokens.dtype.kind not in "iu":
             return False
         if not len(tokens) or tokens.dtype == self._rows.dtype:
             return True
@@ -111,10 +123,59 @@ class PaddedTokenBuffer:
 
     def write(self, tokens: list[int]) -> None:
         """Write ``tokens[i]`` into column 0 of row ``i``; checked first (see
-        :meth:`check_tokens`), so a bad token writes nothing."""
-        self.check_tokens(tokens)
-        self._rows[: len(tokens), 0] = tokens
+        :meth:`check_tokens`), so a bad token writes nothing. ``tokens``: a list or tuple of
+        integers, or a 1-D integer array or tensor."""
+        values = _token_list(tokens)
+        self.check_tokens(values)
+        self._rows[: len(values), 0] = values
 
     def replicate(self, src: int, start: int) -> None:
-        """Copy row ``src``'s token into column 0 of rows ``start..batch-1`` (batch padding)."""
-        self._rows[start:, 0] = self._rows[src, 0]
+        """Copy row ``src``'s token into column 0 of rows ``start..batch-1`` (batch padding).
+
+        Raises:
+            IndexError: ``src`` outside ``[0, batch)`` or ``start`` outside ``[0, batch]``
+                (negative indexes are not taken from the end); nothing is written.
+            TypeError: a non-integer index.
+        """
+        batch = len(self._rows)
+        src_index = as_int(src, "replicate src")
+        start_index = as_int(start, "replicate start")
+        if not 0 <= src_index < batch:
+            raise IndexError(f"replicate src {src_index} is out of range for {batch} token rows")
+        if not 0 <= start_index <= batch:
+            raise IndexError(
+                f"replicate start {start_index} is out of range for {batch} token rows"
+            )
+        self._rows[start_index:, 0] = self._rows[src_index, 0]
+
+
+def _token_list(tokens: object) -> list[int]:
+    """``tokens`` as a list of plain ints, checked: ``TypeError`` naming the row and value for a
+    token that is not an integer, or for a container that is not a sequence of tokens."""
+    if isinstance(tokens, (np.ndarray, torch.Tensor)):
+        if (
+            tokens.ndim != 1
+            or not has_integer_dtype(tokens)
+            or (isinstance(tokens, torch.Tensor) and tokens.is_meta)
+        ):
+            raise TypeError(
+                f"tokens must be a 1-D integer array or tensor, got {tokens.dtype} of shape "
+                f"{tuple(tokens.shape)}" + (" on meta" if getattr(tokens, "is_meta", False) else "")
+            )
+        values: list[int] = tokens.tolist()
+        return values
+    if type(tokens) is not list:
+        if not isinstance(tokens, (list, tuple)):
+            raise TypeError(f"tokens must be a list of token ids, got {type(tokens).__name__}")
+        tokens = list(tokens)
+    if set(map(type, tokens)) <= {int}:  # the common case, decided in C
+        return tokens
+    ints = []
+    for row, token in enumerate(tokens):
+        if not is_integer_id(token):
+            name = type(token).__name__
+            raise TypeError(
+                f"token row {row} holds {token!r} of type {name}; token ids must be integers"
+            )
+        ints.append(operator.index(token))
+    return ints

@@ -321,7 +321,7 @@ def test_bad_sizes_are_rejected() -> None:
             rf"^block-table row 2 holds block ID 2147483648, maximum is {INT32_MAX}$",
         ),
         ([1, True], TypeError, "^block-table row 2 holds True of type bool"),
-        ([1, -1], ValueError, "^block IDs must not be negative$"),
+        ([1, -1], ValueError, r"^block IDs must not be negative \(block-table row 2, id -1\)$"),
         (
             list(range(WIDTH + 1)),
             ValueError,

@@ -278,7 +278,7 @@ GOOD = DecodeBatch(
                 seq_lens=torch.tensor([3]),
                 block_ids=[[-2]],
             ),
-            r"^block IDs must not be negative$",
+            r"^block IDs must not be negative",
         ),
         (
             DecodeBatch(

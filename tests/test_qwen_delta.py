@@ -314,7 +314,7 @@ def test_slot_overflow_in_a_delta_names_the_row_and_writes_nothing() -> None:
         ),
         ([3, 3, 257], [[1], [2], [3]], [1, 1, 1], r"^decode seq_len 257 exceeds max_seq_len 256$"),
         ([3, 3, 3], [[1], [2, 3, 4, 5, 6], [-1]], [1, 1, 1], r"^page_ids list length 5 exceeds"),
-        ([3, 3, 3], [[1, -1], [-2], [3]], [1, 1, 1], r"^block IDs must not be negative$"),
+        ([3, 3, 3], [[1, -1], [-2], [3]], [1, 1, 1], r"^block IDs must not be negative"),
         ([3, 3, 3], [[1, -1], [2], [3]], [1, 2**31, 1], r"^token row 1 holds token id 2147483648"),
         ([3, 3, 65], [[1, -1], [2], [3, 2**25]], [1, 1, 1], r"^slot-mapping row 2 maps to slot"),
         ([3, 3, 3], [[1, -1], [2], [3]], [1, 1, 1], r"^block IDs must not be negative"),

@@ -9,33 +9,47 @@ The compiled Qwen3-14B decode program reads four persistent int32 buffers (seed-
 
 ``B`` is the compiled batch: rows ``A..B-1`` past the ``A`` active requests replicate row 0 (its
 token, seq_len, slot and pages), so the fixed-batch program rewrites row 0's slot idempotently and
-never writes another request's page. Validation and its messages are upstream's (seed-semantics
-2.3), but every check runs before anything is written: a rejected batch leaves the buffers
-holding the previous step's inputs.
+never writes another request's page; with ``padding="untouched"`` they are left as they are, for
+upstream's newer dynamic-batch kernel, which is handed prefix views and never reads them.
+Validation and its messages are upstream's (seed-semantics 2.3), but every check runs before
+anything is written: a rejected batch leaves the buffers holding the previous step's inputs.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep.adapters.qwen_abi import QWEN3_PREPARED_ARGUMENTS, qwen3_prepared_arguments
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
-from blockprep.buffers import DeviceMirror, host_tensor, wait_host_free
+from blockprep.buffers import (
+    DeviceMirror,
+    check_writable,
+    host_tensor,
+    torch_device,
+    wait_host_free,
+)
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
 from blockprep.wire import DeltaCursor, DeltaMessageError, apply_ops
 
 SAMPLED_IDS_PAD = 8
-"""Token columns of upstream's compiled Qwen decode program."""
+"""Token columns of upstream's compiled Qwen decode program today. Upstream reads it from the
+kernel module (``getattr(qwen3_decode_fwd, "SAMPLED_IDS_PAD", 1)``): a kernel without the
+constant takes 1 column, so pass ``sampled_ids_pad=1`` for one."""
+
+Padding = Literal["replicate", "untouched"]
+"""What the rows past the active batch hold: ``"replicate"`` row 0 (upstream's fixed-batch kernel
+at ``9b1a264``), or ``"untouched"`` (upstream's newer dynamic-batch kernel, handed prefix views)."""
 
 
 ROW_LOOP_MAX = 24
@@ -53,6 +67,19 @@ class QwenDecodeInputs:
     block_table: torch.Tensor
     slot_mapping: torch.Tensor
 
+    def prefix_views(self) -> dict[str, torch.Tensor]:
+        """The active rows' views by argument name, as upstream's newer dynamic-batch runner
+        dispatches them: ``token_ids[:A]``, ``seq_lens[:A]``, ``block_table[:A * max_blocks]``,
+        ``slot_mapping[:A]`` (views of the persistent buffers: same memory, same start)."""
+        count = self.actual_batch
+        width = self.block_table.numel() // self.seq_lens.shape[0]
+        return {
+            "token_ids": self.token_ids[:count],
+            "seq_lens": self.seq_lens[:count],
+            "block_table": self.block_table[: count * width],
+            "slot_mapping": self.slot_mapping[:count],
+        }
+
 
 class QwenDecodePreparer:
     """Owns the Qwen decode buffers and writes one step's inputs into them.
@@ -61,10 +88,29 @@ class QwenDecodePreparer:
         max_batch_size: the compiled batch ``B``.
         max_seq_len: longest sequence; the block table is ``ceil(max_seq_len / page_size)`` wide.
         page_size: tokens per KV page.
-        sampled_ids_pad: token buffer columns.
+        sampled_ids_pad: token buffer columns: today's kernel's 8 by default; upstream falls back
+            to 1 for a kernel module without ``SAMPLED_IDS_PAD``.
         device: ``"cpu"`` (the host buffers are the buffers), ``"cuda"`` or ``"npu"`` (device
-            mirrors, refreshed each step; only block-table rows that changed are copied).
+            mirrors, refreshed each step; only block-table rows that changed are copied;
+            ``"npu"`` imports ``torch_npu`` first, a clear ``ImportError`` when it is absent).
         share_memory: allocate the host buffers in shared memory, for workers forked afterwards.
+            ``None`` (the default): shared on ``"cpu"``, where the host buffers are what
+            upstream's runtime dispatches and its chip workers, forked after, must see them
+            (:mod:`blockprep.executors.runtime` refuses anything else); page-locked instead on a
+            device (mirrors copy from pinned memory; torch cannot pin shared memory).
+        buffers: adopt upstream's own buffers by its argument names (``token_ids``,
+            ``seq_lens``, ``block_table``, ``slot_mapping``; any of them, the others
+            allocated): each checked (int32, the recorded shape, contiguous, CPU, writable) and
+            written in place, never reallocated. ``device`` must be ``"cpu"``.
+        padding: rows past the active batch: ``"replicate"`` row 0 (the default, upstream's
+            fixed-batch kernel) or ``"untouched"`` (for the dynamic-batch kernel handed
+            :meth:`QwenDecodeInputs.prefix_views`).
+
+    Raises:
+        ValueError: a size below 1; an unknown buffer name, a wrong shape, a non-contiguous or
+            read-only buffer, or ``buffers`` with a device; an unknown ``padding``.
+        TypeError: a buffer that is no tensor, not int32, or not on the CPU.
+        ImportError: ``device="npu"`` without ``torch_npu``.
     """
 
     def __init__(
@@ -75,7 +121,9 @@ class QwenDecodePreparer:
         sampled_ids_pad: int = SAMPLED_IDS_PAD,
         *,
         device: str | torch.device = "cpu",
-        share_memory: bool = False,
+        share_memory: bool | None = None,
+        buffers: Mapping[str, torch.Tensor] | None = None,
+        padding: Padding = "replicate",
     ) -> None:
         self.max_batch_size = as_int(max_batch_size, "max_batch_size")
         self.max_seq_len = as_int(max_seq_len, "max_seq_len")
@@ -83,23 +131,40 @@ class QwenDecodePreparer:
         for name in ("max_batch_size", "max_seq_len", "page_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if padding not in ("replicate", "untouched"):
+            raise ValueError(f"padding must be 'replicate' or 'untouched', got {padding!r}")
+        self.padding: Padding = padding
         batch = self.max_batch_size
         self.max_blocks = math.ceil(self.max_seq_len / self.page_size)
-        # Device mirrors copy with non_blocking=True, which needs page-locked host memory.
-        pin = torch.device(device).type != "cpu" and not share_memory
-        self._tokens = PaddedTokenBuffer(
-            batch, sampled_ids_pad, pin_memory=pin, share_memory=share_memory
+        device = torch_device(device)  # torch_npu imported before "npu" is parsed or pinned
+        adopted = _adopted(
+            buffers, batch, self.max_seq_len, self.page_size, sampled_ids_pad, device
         )
+        if share_memory is None:
+            share_memory = device.type == "cpu"
+        # Device mirrors copy with non_blocking=True, which needs page-locked host memory.
+        pin = device.type != "cpu" and not share_memory
+        self._tokens = PaddedTokenBuffer(
+            batch,
+            sampled_ids_pad,
+            buffer=adopted.get("token_ids"),
+            pin_memory=pin and "token_ids" not in adopted,
+            share_memory=share_memory and "token_ids" not in adopted,
+        )
+        self.token_width = int(self._tokens.tensor.shape[1])
 
-        def buffer(size: int, fill: int) -> torch.Tensor:
+        def buffer(name: str, size: int, fill: int) -> torch.Tensor:
+            if name in adopted:
+                return adopted[name]
             return host_tensor(
                 (size,), torch.int32, fill=fill, pin_memory=pin, share_memory=share_memory
             )
 
-        self._seq_lens = buffer(batch, 0)
-        self._slots = buffer(batch, -1)
-        flat_table = buffer(batch * self.max_blocks, -1)
+        self._seq_lens = buffer("seq_lens", batch, 0)
+        self._slots = buffer("slot_mapping", batch, -1)
+        flat_table = buffer("block_table", batch * self.max_blocks, -1)
         self._table = BlockTable(batch, self.max_blocks, kind="paged", pad=-1, buffer=flat_table)
+        self._table_host = flat_table
         self._mirrors = {
             name: DeviceMirror(host, device)
             for name, host in (
@@ -128,6 +193,17 @@ class QwenDecodePreparer:
     def block_table(self) -> BlockTable:
         """The host block table (row cache, dirty rows, stats)."""
         return self._table
+
+    def buffers(self) -> dict[str, torch.Tensor]:
+        """The host buffers by upstream's argument names (``token_ids``, ``seq_lens``,
+        ``block_table`` flat, ``slot_mapping``): the same objects for the preparer's life, there
+        from construction (before any step: what a worker forked now inherits)."""
+        return {
+            "token_ids": self._tokens.tensor,
+            "seq_lens": self._seq_lens,
+            "block_table": self._table_host,
+            "slot_mapping": self._slots,
+        }
 
     def prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
         """Write ``batch`` into the persistent buffers and return them.
@@ -409,7 +485,7 @@ class QwenDecodePreparer:
         seq_view, slot_view = self._seq_view, self._slot_view
         seq_view[:count] = seq_lens
         slot_view[:count] = slots
-        if count < self.max_batch_size:
+        if count < self.max_batch_size and self.padding == "replicate":
             self._tokens.replicate(0, count)
             seq_view[count:] = seq_view[0]
             slot_view[count:] = slot_view[0]
@@ -436,6 +512,45 @@ class QwenDecodePreparer:
                 slot_mapping=mirrors["slot_mapping"].tensor,
             )
         return inputs
+
+
+def _adopted(
+    buffers: Mapping[str, torch.Tensor] | None,
+    batch: int,
+    max_seq_len: int,
+    page_size: int,
+    width: int,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """``buffers`` checked against the recorded ABI (upstream's argument names, int32, shapes),
+    contiguous, on the CPU and writable; nothing is adopted unless every one passes."""
+    if not buffers:
+        return {}
+    if device.type != "cpu":
+        raise ValueError(
+            f"adopted buffers are the buffers the runtime reads: device must be 'cpu', "
+            f"got {str(device)!r}"
+        )
+    unknown = [name for name in buffers if name not in QWEN3_PREPARED_ARGUMENTS]
+    if unknown:
+        raise ValueError(
+            f"unknown Qwen decode buffers {unknown}; upstream's names are "
+            f"{list(QWEN3_PREPARED_ARGUMENTS)}"
+        )
+    specs = qwen3_prepared_arguments(batch, max_seq_len, page_size, width)
+    adopted: dict[str, torch.Tensor] = {}
+    for name in QWEN3_PREPARED_ARGUMENTS:
+        if name not in buffers:
+            continue
+        tensor = buffers[name]
+        specs[name].check(tensor)
+        if tensor.device.type != "cpu":
+            raise TypeError(f"{name} must be a CPU tensor, got one on {tensor.device}")
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        check_writable(tensor, name)
+        adopted[name] = tensor
+    return adopted
 
 
 class _DeltaStep(NamedTuple):

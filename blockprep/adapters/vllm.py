@@ -30,7 +30,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.block_table import BlockTable
-from blockprep.buffers import DeviceMirror, host_tensor
+from blockprep.buffers import DeviceMirror, host_tensor, torch_device
 from blockprep.ids import INT32_MAX, NEGATIVE_ID_MESSAGE, as_int, has_integer_dtype, is_integer_id
 
 PAD_SLOT_ID = -1
@@ -188,7 +188,7 @@ class VllmBlockTable:
                 f"max_num_batched_tokens must be non-negative, got {self.max_num_batched_tokens}"
             )
         self.pin_memory = pin_memory
-        self.device = torch.device(device)
+        self.device = torch_device(device)  # torch_npu imported first for "npu"
         self._table = BlockTable(
             self.max_num_reqs,
             self.max_num_blocks_per_req,

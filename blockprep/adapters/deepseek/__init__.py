@@ -12,6 +12,12 @@ local rows), ``checks`` (upstream's block-id checks in upstream's order), ``mtp`
 ``preparer`` (the dynamic inputs, the hidden-state contract, the step) and ``abi`` (upstream's
 recorded ``l3_decode_fwd`` arguments: names, positions, shapes, dtypes).
 
+Upstream's life cycle (pypto-runtime.md section 5): the buffers are named as the kernel's
+arguments and may be upstream's own (``buffers=``); they are allocated in shared memory by default,
+before any fork; a layout may leave the pool sizes unbound (``num_blocks=UNBOUND``) until
+``bind_num_blocks``; ``prepare(..., early=True)`` writes placeholder tokens, ``restage`` the real
+ones later, one lock per slot (see :class:`DeepSeekV4DecodePreparer`).
+
 A step checks everything (upstream's checks, then the id rule of :mod:`blockprep.grouped`, then
 the hidden states' copy to the host) before its first write; a rejected batch leaves every slot,
 cache and record as it was. Deliberate differences from upstream:
@@ -28,38 +34,52 @@ from blockprep.adapters.deepseek.layout import (
     COMPILED_SOURCE_BLOCKS,
     CSA_COMPRESS_RATIO,
     CSA_STATE_BLOCK_TOKENS,
+    DECODE_TOKENS,
     GROUP_NAMES,
     HCA_STATE_BLOCK_TOKENS,
     INPUT_FIELDS,
+    MTP_DECODE_TOKENS,
     SLIDING_WINDOW,
     SOURCE_BLOCK_TOKENS,
+    UNBOUND,
     DeepSeekV4CacheGroup,
     DeepSeekV4Layout,
+    deepseek_v4_decode_layout,
 )
 from blockprep.adapters.deepseek.mtp import accept_mtp_tokens
 from blockprep.adapters.deepseek.preparer import (
     HOST_HIDDEN_MESSAGE,
     MTP_PREVIOUS_MESSAGE,
+    PARTITIONS_MESSAGE,
+    REQUEST_ORDER_MESSAGE,
     DeepSeekV4DecodeInputs,
     DeepSeekV4DecodePreparer,
     Embedding,
+    SlotBusyError,
 )
 
 __all__ = [
     "COMPILED_SOURCE_BLOCKS",
     "CSA_COMPRESS_RATIO",
     "CSA_STATE_BLOCK_TOKENS",
+    "DECODE_TOKENS",
     "GROUP_NAMES",
     "HCA_STATE_BLOCK_TOKENS",
     "HOST_HIDDEN_MESSAGE",
     "INPUT_FIELDS",
+    "MTP_DECODE_TOKENS",
     "MTP_PREVIOUS_MESSAGE",
+    "PARTITIONS_MESSAGE",
+    "REQUEST_ORDER_MESSAGE",
     "SLIDING_WINDOW",
     "SOURCE_BLOCK_TOKENS",
+    "UNBOUND",
     "DeepSeekV4CacheGroup",
     "DeepSeekV4DecodeInputs",
     "DeepSeekV4DecodePreparer",
     "DeepSeekV4Layout",
     "Embedding",
+    "SlotBusyError",
     "accept_mtp_tokens",
+    "deepseek_v4_decode_layout",
 ]

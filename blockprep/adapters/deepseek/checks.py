@@ -110,8 +110,10 @@ def upstream_error(
                 ids = normalized[q][group.name]
                 if len(set(ids)) != len(ids):
                     return ValueError(REPEAT_MESSAGE)
-                if ids and (min(ids) < 0 or max(ids) >= group.num_blocks):
-                    return _range_error(group.num_blocks, b)
+                pool = group.num_blocks
+                assert pool is not None  # preparing needs a bound layout
+                if ids and (min(ids) < 0 or max(ids) >= pool):
+                    return _range_error(pool, b)
         for group in layout.groups:
             for local, q in enumerate(requests):
                 n = len(batch.block_ids_by_group[q][group.name])

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal
+from typing import Final, Literal
 
 from blockprep.ids import INT32_MAX, as_int
 
@@ -44,6 +44,16 @@ HCA_STATE_BLOCK_TOKENS = 8
 CSA_STATE_BLOCK_TOKENS = 4
 CSA_COMPRESS_RATIO = 4
 
+UNBOUND: Final = "unbound"
+"""``num_blocks=UNBOUND``: a layout whose pool sizes are bound later (:meth:`DeepSeekV4Layout.
+with_num_blocks`, :meth:`~blockprep.adapters.deepseek.DeepSeekV4DecodePreparer.bind_num_blocks`),
+as upstream allocates its decode buffers before it learns the KV pool sizes."""
+
+DECODE_TOKENS = 8
+"""Token rows per rank without MTP (upstream ``DEEPSEEK_V4_DECODE_TOKENS``)."""
+MTP_DECODE_TOKENS = 16
+"""Token rows per rank with MTP (upstream ``DEEPSEEK_V4_MTP_DECODE_TOKENS``)."""
+
 
 @dataclass(frozen=True)
 class DeepSeekV4CacheGroup:
@@ -53,7 +63,7 @@ class DeepSeekV4CacheGroup:
     0). ``width``: decode table columns. ``block_tokens``: tokens per scheduler block.
     ``ids_per_request``: the most ids a request holds (a ring's length). ``num_blocks``: the
     scheduler-visible physical blocks per rank; padding rows use the scratch pages
-    ``num_blocks + k``.
+    ``num_blocks + k``; ``None`` in a layout whose pool sizes are not bound yet.
     """
 
     name: str
@@ -61,7 +71,7 @@ class DeepSeekV4CacheGroup:
     width: int
     block_tokens: int
     ids_per_request: int
-    num_blocks: int
+    num_blocks: int | None
 
 
 class DeepSeekV4Layout:
@@ -74,6 +84,9 @@ class DeepSeekV4Layout:
         max_seq_len: longest sequence, at most 16384 (128 source blocks of 128 tokens).
         num_blocks: group name -> scheduler-visible physical blocks per rank, every group named.
             Default: enough for ``decode_batch`` requests of ``ids_per_request`` ids each.
+            :data:`UNBOUND` (``"unbound"``): not known yet (upstream learns them after the
+            buffers exist); bind them with :meth:`with_num_blocks` or the preparer's
+            ``bind_num_blocks``. An unbound layout has every shape, but no pool sizes.
         max_in_flight_prefill_tokens: prefill tokens a ring must cover besides its window (256);
             it sets the ring lengths: ori 4, hca_state 48, csa_state and csa_inner_state 65.
 
@@ -91,7 +104,7 @@ class DeepSeekV4Layout:
         TypeError: a non-integer argument.
     """
 
-    __slots__ = ("_groups", "decode_batch", "decode_seq", "max_seq_len", "ranks")
+    __slots__ = ("_groups", "_prefill", "decode_batch", "decode_seq", "max_seq_len", "ranks")
 
     def __init__(
         self,
@@ -99,7 +112,7 @@ class DeepSeekV4Layout:
         decode_batch: int = 8,
         decode_seq: int = 1,
         max_seq_len: int = 16384,
-        num_blocks: Mapping[str, int] | None = None,
+        num_blocks: Mapping[str, int] | Literal["unbound"] | None = None,
         *,
         max_in_flight_prefill_tokens: int = 256,
     ) -> None:
@@ -147,7 +160,12 @@ class DeepSeekV4Layout:
             "csa_state": ("ring", 4096, CSA_STATE_BLOCK_TOKENS, csa_ring),
             "csa_inner_state": ("ring", 4096, CSA_STATE_BLOCK_TOKENS, csa_ring),
         }
-        pools = _pool_sizes(num_blocks, decode_batch, {g: s[3] for g, s in shapes.items()})
+        pools: Mapping[str, int | None]
+        if isinstance(num_blocks, str) and num_blocks == UNBOUND:
+            pools = dict.fromkeys(GROUP_NAMES)
+        else:
+            pools = _pool_sizes(num_blocks, decode_batch, {g: s[3] for g, s in shapes.items()})
+        self._prefill = prefill
         self.ranks = ranks
         self.decode_batch = decode_batch
         self.decode_seq = decode_seq
@@ -167,9 +185,44 @@ class DeepSeekV4Layout:
         return self._groups
 
     @property
+    def bound(self) -> bool:
+        """Whether the pool sizes are known (a layout built with ``num_blocks=UNBOUND`` is not)."""
+        return self._groups[0].num_blocks is not None
+
+    @property
     def num_blocks(self) -> Mapping[str, int]:
-        """Group name -> scheduler-visible physical blocks per rank (read-only)."""
-        return MappingProxyType({g.name: g.num_blocks for g in self._groups})
+        """Group name -> scheduler-visible physical blocks per rank (read-only).
+
+        Raises:
+            RuntimeError: the layout is not bound (``num_blocks=UNBOUND``).
+        """
+        pools = {g.name: g.num_blocks for g in self._groups}
+        bound = {name: n for name, n in pools.items() if n is not None}
+        if len(bound) != len(pools):
+            raise RuntimeError(UNBOUND_MESSAGE)
+        return MappingProxyType(bound)
+
+    def with_num_blocks(self, num_blocks: Mapping[str, int]) -> DeepSeekV4Layout:
+        """This layout's shapes with the pool sizes ``num_blocks`` (every group named; the
+        checks of the constructor)."""
+        return DeepSeekV4Layout(
+            self.ranks,
+            self.decode_batch,
+            self.decode_seq,
+            self.max_seq_len,
+            num_blocks,
+            max_in_flight_prefill_tokens=self._prefill,
+        )
+
+    def same_shapes(self, other: DeepSeekV4Layout) -> bool:
+        """Whether ``other`` has this layout's buffer shapes (pool sizes aside)."""
+        return (self.ranks, self.decode_batch, self.decode_seq) == (
+            other.ranks,
+            other.decode_batch,
+            other.decode_seq,
+        ) and [(g.kind, g.width) for g in self._groups] == [
+            (g.kind, g.width) for g in other._groups
+        ]
 
     def group(self, name: str) -> DeepSeekV4CacheGroup:
         """The group called ``name``; ``ValueError("unknown DeepSeekV4 cache group: {name}")``."""
@@ -182,8 +235,45 @@ class DeepSeekV4Layout:
         return (
             f"DeepSeekV4Layout(ranks={self.ranks}, decode_batch={self.decode_batch}, "
             f"decode_seq={self.decode_seq}, max_seq_len={self.max_seq_len}, "
-            f"num_blocks={dict(self.num_blocks)})"
+            f"num_blocks={dict(self.num_blocks) if self.bound else UNBOUND!r})"
         )
+
+
+UNBOUND_MESSAGE = (
+    "DeepSeekV4 KV pool sizes are not bound yet: call bind_num_blocks(num_blocks) (or "
+    "DeepSeekV4Layout.with_num_blocks) before preparing"
+)
+
+
+def deepseek_v4_decode_layout(
+    num_speculative_tokens: int,
+    *,
+    ranks: int = 8,
+    max_seq_len: int = 16384,
+    num_blocks: Mapping[str, int] | Literal["unbound"] | None = None,
+    max_in_flight_prefill_tokens: int = 256,
+) -> DeepSeekV4Layout:
+    """Upstream's decode tile for an MTP depth ``k`` (``deepseek_v4_decode_layout``,
+    pypto_serving/model/deepseek/npu_runner.py at ``9b1a264``): ``k=0``: ``b=8, S=1`` (8 token
+    rows); ``k=1``: ``b=8, S=2``; ``k=2..3``: ``b=4, S=4``; ``k>=4``: ``b=2, S=8`` (16 token rows
+    with MTP; depths past 7 run repeated ``S=8`` target chunks).
+
+    Raises:
+        ValueError: ``"num_speculative_tokens must be non-negative"``, and the layout's own.
+    """
+    k = as_int(num_speculative_tokens, "num_speculative_tokens")
+    if k < 0:
+        raise ValueError("num_speculative_tokens must be non-negative")
+    tokens = DECODE_TOKENS if k == 0 else MTP_DECODE_TOKENS
+    seq = 1 if k == 0 else 2 if k == 1 else 4 if k <= 3 else 8
+    return DeepSeekV4Layout(
+        ranks,
+        tokens // seq,
+        seq,
+        max_seq_len,
+        num_blocks,
+        max_in_flight_prefill_tokens=max_in_flight_prefill_tokens,
+    )
 
 
 def _pool_sizes(

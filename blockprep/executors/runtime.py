@@ -1,0 +1,402 @@
+"""Executors over upstream's NPU runtime worker: blockprep's prepared buffers in the kernel's
+positional arguments, dispatched through ``run(compiled, *args)`` / ``submit(compiled, *args)``.
+
+Upstream pypto-serving (``9b1a264``) dispatches a decode step through
+``pypto.runtime.DistributedWorker``, which forks one chip child per device: the decode inputs are
+CPU tensors in shared memory, allocated before the fork, passed directly as arguments
+(``model/common/runner/l3_dispatch.py``, ``buffer_set.resolve_l3_arg``). These executors do the
+same over *any* object with that shape (the real worker, or a test's fake): nothing here imports
+``pypto``, ``simpler`` or ``torch_npu``.
+
+- :class:`Qwen3RuntimeExecutor`: synchronous ``worker.run`` of ``qwen3_decode_host``, one buffer
+  set (upstream's ``Qwen314BModelRunner.run_decode``).
+- :class:`DeepSeekV4RuntimeExecutor`: ``worker.submit`` of ``l3_decode_fwd`` into one of the
+  preparer's buffer slots; the slot stays busy (this executor will not prepare it) until the
+  handle has completed and the outputs were read (upstream's ping-pong ``TaskArgs``).
+
+Each builds the argument tuple by name from the recorded ABI (:mod:`blockprep.adapters.qwen_abi`,
+:mod:`blockprep.adapters.deepseek.abi`): the engine supplies its weights, caches and output
+buffers by upstream's argument names, blockprep its prepared buffers. Before every dispatch each
+prepared argument is checked: a torch tensor of the recorded dtype and shape, on the CPU,
+contiguous, in shared memory (:class:`PreparedArgumentError` otherwise; nothing is dispatched).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from blockprep.adapters.deepseek.abi import (
+    DEEPSEEK_V4_DECODE_ARGUMENTS,
+    DEEPSEEK_V4_DECODE_KERNEL,
+    PREPARED_ARGUMENTS,
+    deepseek_v4_argument_values,
+    deepseek_v4_prepared_arguments,
+)
+from blockprep.adapters.deepseek.preparer import DeepSeekV4DecodeInputs, DeepSeekV4DecodePreparer
+from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
+from blockprep.adapters.qwen import QwenDecodePreparer
+from blockprep.adapters.qwen_abi import (
+    QWEN3_DECODE_ARGUMENTS,
+    QWEN3_DECODE_KERNEL,
+    QWEN3_PREPARED_ARGUMENTS,
+    qwen3_argument_values,
+    qwen3_prepared_arguments,
+)
+from blockprep.batch import DecodeBatch, DecodeResult
+from blockprep.ids import as_int
+
+__all__ = [
+    "DeepSeekV4PendingDecode",
+    "DeepSeekV4RuntimeExecutor",
+    "DispatchHandle",
+    "PreparedArgumentError",
+    "Qwen3RuntimeExecutor",
+    "RunWorker",
+    "SubmitWorker",
+    "check_prepared_arguments",
+]
+
+
+class RunWorker(Protocol):
+    """Upstream's synchronous dispatch: ``worker.run(compiled, *args)``."""
+
+    def run(self, compiled: Any, /, *args: Any) -> object: ...
+
+
+class DispatchHandle(Protocol):
+    """What ``submit`` returns: ``wait()`` returns once the dispatch has completed."""
+
+    def wait(self) -> object: ...
+
+
+class SubmitWorker(Protocol):
+    """Upstream's asynchronous dispatch: ``worker.submit(compiled, *args) -> handle``; "mutable
+    arguments must not be reused or modified until the returned handle completes"."""
+
+    def submit(self, compiled: Any, /, *args: Any) -> DispatchHandle: ...
+
+
+class PreparedArgumentError(ValueError):
+    """A prepared argument is not what the runtime's chip workers can read: a torch tensor of the
+    recorded dtype and shape, on the CPU, contiguous, in shared memory allocated before the fork.
+    ``kernel``, ``name``, ``position``: the argument."""
+
+    def __init__(self, kernel: str, spec: ArgSpec, problem: str) -> None:
+        self.kernel, self.name, self.position = kernel, spec.name, spec.position
+        super().__init__(f"{kernel} argument {spec.name} (position {spec.position}): {problem}")
+
+
+def check_prepared_arguments(
+    kernel: str, specs: Mapping[str, ArgSpec], values: Mapping[str, object]
+) -> None:
+    """Raise :class:`PreparedArgumentError` for the first argument of ``specs`` (kernel order)
+    whose value in ``values`` is missing, no tensor, of another dtype or shape, not on the CPU,
+    not contiguous or not in shared memory."""
+    for name, spec in specs.items():
+        value = values.get(name)
+        if value is None:
+            raise PreparedArgumentError(kernel, spec, "missing")
+        try:
+            spec.check(value)
+        except (TypeError, ValueError) as error:
+            raise PreparedArgumentError(kernel, spec, str(error)) from None
+        assert isinstance(value, torch.Tensor)
+        if value.device.type != "cpu":
+            raise PreparedArgumentError(
+                kernel,
+                spec,
+                f"must be a CPU tensor (the runtime reads host memory), got {value.device}",
+            )
+        if not value.is_contiguous():
+            raise PreparedArgumentError(kernel, spec, "must be contiguous")
+        if not value.is_shared():  # type: ignore[no-untyped-call]
+            raise PreparedArgumentError(
+                kernel,
+                spec,
+                "must be in shared memory, allocated before the runtime's worker forks (its chip "
+                "children read it through the inherited mapping): create the preparer with "
+                "share_memory=True, or hand it upstream's shared buffers (buffers=)",
+            )
+
+
+def _engine_arguments(
+    kernel: str, order: Sequence[str], prepared: Sequence[str], engine: Mapping[str, object]
+) -> dict[str, object]:
+    """``engine`` checked to name exactly the kernel's arguments that blockprep does not
+    prepare (``KernelArgumentError`` naming every missing, unknown or doubled name)."""
+    placeholders = dict.fromkeys(prepared)
+    build_arguments(kernel, order, placeholders, engine)
+    return dict(engine)
+
+
+def _overrides(
+    kernel: str, engine: Mapping[str, object], arguments: Mapping[str, object] | None
+) -> Mapping[str, object]:
+    """The engine's arguments with this step's replacements (device scratch under device
+    sampling, as upstream's ``_decode_kernel_args`` splices them); only the engine's names."""
+    if not arguments:
+        return engine
+    foreign = [name for name in arguments if name not in engine]
+    if foreign:
+        raise ValueError(f"{kernel}: a step may replace only the engine's arguments, not {foreign}")
+    return {**engine, **arguments}
+
+
+def _clone_rows(buffer: object, rows: int, columns: int | None, name: str) -> torch.Tensor:
+    """``buffer[:rows, :columns]`` copied (the buffer is rewritten by the next step)."""
+    if not isinstance(buffer, torch.Tensor):
+        raise TypeError(
+            f"the engine's {name} argument is a {type(buffer).__name__}, not a host tensor: "
+            "nothing to read back (device sampling swaps it for device scratch)"
+        )
+    return buffer[:rows, :columns].clone()
+
+
+class Qwen3RuntimeExecutor:
+    """``qwen3_decode_host`` through ``worker.run``, as upstream's ``Qwen314BModelRunner``.
+
+    Args:
+        worker: anything with ``run(compiled, *args)`` (upstream's ``DistributedWorker``).
+        compiled: what ``run`` dispatches (upstream's ``compiled.decode``).
+        preparer: a :class:`~blockprep.adapters.qwen.QwenDecodePreparer` on ``"cpu"`` with
+            ``padding="replicate"`` (the recorded kernel is fixed-batch), its buffers in shared
+            memory (its default on the CPU).
+        engine_arguments: the kernel's 21 other arguments by upstream's names (weights, RoPE
+            tables, KV caches, the ``logits``, ``sampled_ids`` and ``next_hidden`` outputs).
+        vocab_size: logits columns returned (upstream trims the padded vocabulary to
+            ``model.config.vocab_size``); ``None``: every column.
+
+    Raises:
+        KernelArgumentError: ``engine_arguments`` does not name exactly the engine's arguments.
+        ValueError: a preparer leaving rows past the batch untouched.
+    """
+
+    def __init__(
+        self,
+        worker: RunWorker,
+        compiled: object,
+        preparer: QwenDecodePreparer,
+        engine_arguments: Mapping[str, object],
+        *,
+        vocab_size: int | None = None,
+    ) -> None:
+        if preparer.padding != "replicate":
+            raise ValueError(
+                "qwen3_decode_host at 9b1a264 computes every row of the compiled batch: rows past "
+                "the active batch must replicate row 0 (padding='replicate'); the dynamic-batch "
+                "kernel's prefix views are not this ABI"
+            )
+        self.worker = worker
+        self.compiled = compiled
+        self.preparer = preparer
+        self.engine_arguments = _engine_arguments(
+            QWEN3_DECODE_KERNEL, QWEN3_DECODE_ARGUMENTS, QWEN3_PREPARED_ARGUMENTS, engine_arguments
+        )
+        self.vocab_size = None if vocab_size is None else as_int(vocab_size, "vocab_size")
+        self.specs = qwen3_prepared_arguments(
+            preparer.max_batch_size,
+            preparer.max_seq_len,
+            preparer.page_size,
+            preparer.token_width,
+        )
+
+    def arguments(
+        self, batch: DecodeBatch, *, arguments: Mapping[str, object] | None = None
+    ) -> tuple[int, tuple[object, ...]]:
+        """Prepare ``batch`` and return ``(active rows, the checked positional tuple)`` without
+        dispatching (``arguments``: this step's replacements of engine arguments)."""
+        inputs = self.preparer.prepare(batch)
+        prepared = qwen3_argument_values(inputs)
+        check_prepared_arguments(QWEN3_DECODE_KERNEL, self.specs, prepared)
+        engine = _overrides(QWEN3_DECODE_KERNEL, self.engine_arguments, arguments)
+        order = QWEN3_DECODE_ARGUMENTS
+        return inputs.actual_batch, build_arguments(QWEN3_DECODE_KERNEL, order, prepared, engine)
+
+    def run_decode(
+        self, batch: DecodeBatch, *, arguments: Mapping[str, object] | None = None
+    ) -> DecodeResult:
+        """Prepare, check, ``worker.run(compiled, *args)``, read the outputs back.
+
+        As upstream's ``run_decode``: ``logits`` is ``logits[:A, :vocab_size]`` (a copy) unless
+        the batch allows device sampling (then ``None``); ``sampled_token_ids`` is
+        ``sampled_ids[:A, :1]`` (a copy) when it allows device greedy sampling; each
+        ``kv_allocations[i].tokens_used`` grows to ``seq_lens[i]``. ``arguments`` replaces engine
+        arguments for this step (upstream swaps ``logits`` / ``next_hidden`` for device scratch
+        under device sampling).
+
+        Raises:
+            ValueError: device top-k sampling (upstream runs its ``topk_select`` program after
+                the decode; not dispatched here), before anything is prepared.
+            PreparedArgumentError: a prepared buffer the runtime cannot read; not dispatched.
+        """
+        greedy = bool(getattr(batch, "allow_device_greedy_sampling", False))
+        if getattr(batch, "allow_device_topk_sampling", False):
+            raise ValueError(
+                "device top-k sampling runs upstream's topk_select program after the decode, "
+                "which this executor does not dispatch"
+            )
+        rows, args = self.arguments(batch, arguments=arguments)
+        self.worker.run(self.compiled, *args)
+        for row, allocation in enumerate(getattr(batch, "kv_allocations", None) or ()):
+            allocation.tokens_used = max(allocation.tokens_used, int(batch.seq_lens[row].item()))
+        values = dict(zip(QWEN3_DECODE_ARGUMENTS, args, strict=True))
+        logits = None if greedy else _clone_rows(values["logits"], rows, self.vocab_size, "logits")
+        sampled = _clone_rows(values["sampled_ids"], rows, 1, "sampled_ids") if greedy else None
+        return DecodeResult(hidden_states=None, logits=logits, sampled_token_ids=sampled)
+
+
+@dataclass(frozen=True)
+class DeepSeekV4PendingDecode:
+    """A submitted DeepSeek step: its handle, the prepared inputs (slot, ranks, local rows), the
+    positional arguments dispatched, and whether the batch asked for device greedy sampling."""
+
+    handle: DispatchHandle
+    inputs: DeepSeekV4DecodeInputs
+    arguments: tuple[object, ...]
+    greedy: bool
+
+    @property
+    def buffer_slot(self) -> int:
+        return self.inputs.buffer_slot
+
+
+class DeepSeekV4RuntimeExecutor:
+    """``l3_decode_fwd`` through ``worker.submit``, one preparer buffer slot per dispatch in
+    flight, as upstream's ping-pong decode ``TaskArgs``.
+
+    Args:
+        worker: anything with ``submit(compiled, *args) -> handle`` (``handle.wait()``).
+        compiled: what ``submit`` dispatches (upstream's decode callable).
+        preparer: a :class:`~blockprep.adapters.deepseek.DeepSeekV4DecodePreparer` with
+            ``embedding="device"`` and ``share_memory=True``.
+        engine_arguments: per buffer slot, the kernel's 69 other arguments by upstream's names
+            (weights and cache pools, usually shared; ``hidden_out``, ``pre_hc_hidden_out``,
+            ``logits``, ``sampled_ids``: the slot's own outputs, as upstream's per-slot
+            ``TaskArgs``).
+
+    The slot contract: :meth:`submit` refuses a slot whose last dispatch has not been reclaimed
+    (a :class:`RuntimeError`, before anything is written), and :meth:`reclaim` releases the slot
+    only after ``handle.wait()`` returned and the outputs were read. So the preparer never writes
+    a slot the kernel may still read, as long as every write goes through this executor (a
+    caller preparing the preparer's slots directly bypasses the contract). ``submit`` and
+    ``reclaim`` may run on different threads (upstream's command and device lanes).
+    """
+
+    def __init__(
+        self,
+        worker: SubmitWorker,
+        compiled: object,
+        preparer: DeepSeekV4DecodePreparer,
+        engine_arguments: Sequence[Mapping[str, object]],
+    ) -> None:
+        if preparer.embedding != "device":
+            raise ValueError('l3_decode_fwd embeds input_ids on the device: use embedding="device"')
+        if len(engine_arguments) != preparer.buffer_slots:
+            raise ValueError(
+                f"engine_arguments must hold one mapping per buffer slot "
+                f"({preparer.buffer_slots}), got {len(engine_arguments)}"
+            )
+        self.worker = worker
+        self.compiled = compiled
+        self.preparer = preparer
+        self.engine_arguments = [
+            _engine_arguments(
+                DEEPSEEK_V4_DECODE_KERNEL, DEEPSEEK_V4_DECODE_ARGUMENTS, PREPARED_ARGUMENTS, values
+            )
+            for values in engine_arguments
+        ]
+        self.specs = deepseek_v4_prepared_arguments(preparer.layout)
+        self._lock = threading.Lock()
+        self._busy: set[int] = set()
+        self._steps = 0
+
+    def busy_slots(self) -> frozenset[int]:
+        """The slots dispatched and not yet reclaimed."""
+        with self._lock:
+            return frozenset(self._busy)
+
+    def submit(
+        self, batch: DecodeBatch, *, buffer_slot: int | None = None
+    ) -> DeepSeekV4PendingDecode:
+        """Prepare ``batch`` into ``buffer_slot`` (``None``: the steps so far modulo the slot
+        count), check the prepared arguments, and ``worker.submit`` the kernel.
+
+        Raises:
+            RuntimeError: the slot's last dispatch has not been reclaimed (nothing written).
+            PreparedArgumentError: a prepared buffer the runtime cannot read (not dispatched;
+                the slot is free again).
+            ValueError, TypeError: the preparer's (nothing written, the slot free again).
+        """
+        with self._lock:
+            slot = self._steps % self.preparer.buffer_slots if buffer_slot is None else buffer_slot
+            slot = as_int(slot, "buffer_slot")
+            if slot in self._busy:
+                raise RuntimeError(
+                    f"buffer slot {slot} is still in flight: reclaim its dispatch before "
+                    "preparing the slot again (the kernel may still read its buffers)"
+                )
+            self._busy.add(slot)  # claimed before writing: another thread cannot take it
+        try:
+            inputs = self.preparer.prepare(batch, buffer_slot=slot)
+            prepared = deepseek_v4_argument_values(inputs)
+            check_prepared_arguments(DEEPSEEK_V4_DECODE_KERNEL, self.specs, prepared)
+            args = build_arguments(
+                DEEPSEEK_V4_DECODE_KERNEL,
+                DEEPSEEK_V4_DECODE_ARGUMENTS,
+                prepared,
+                self.engine_arguments[inputs.buffer_slot],
+            )
+            handle = self.worker.submit(self.compiled, *args)
+        except BaseException:
+            with self._lock:
+                self._busy.discard(slot)
+            raise
+        with self._lock:
+            self._steps += 1
+        greedy = bool(getattr(batch, "allow_device_greedy_sampling", False))
+        return DeepSeekV4PendingDecode(handle, inputs, args, greedy)
+
+    def reclaim(self, pending: DeepSeekV4PendingDecode) -> DecodeResult:
+        """Wait for the dispatch, read its outputs in batch order, release its slot.
+
+        ``logits``: float32 ``[A, vocab]``, request ``i``'s first token row, ``logits[rank_i,
+        local_row_i * decode_seq]`` (upstream's ``_run_autoregressive_decode``, where
+        ``decode_seq`` is 1 or each rank holds one request); ``sampled_token_ids``: ``[A, 1]``
+        from ``sampled_ids`` the same way, when the batch allowed device greedy sampling.
+        Copies: the slot's buffers are rewritten once it is released. The slot is released even
+        when ``wait()`` raises (the dispatch is over either way); the error propagates.
+        """
+        inputs = pending.inputs
+        try:
+            pending.handle.wait()
+            values = dict(zip(DEEPSEEK_V4_DECODE_ARGUMENTS, pending.arguments, strict=True))
+            logits = _batch_rows(inputs, values["logits"], "logits").float()
+            sampled = (
+                _batch_rows(inputs, values["sampled_ids"], "sampled_ids")[:, :1]
+                if pending.greedy
+                else None
+            )
+        finally:
+            with self._lock:
+                self._busy.discard(inputs.buffer_slot)
+        return DecodeResult(hidden_states=None, logits=logits, sampled_token_ids=sampled)
+
+    def run_decode(self, batch: DecodeBatch, *, buffer_slot: int | None = None) -> DecodeResult:
+        """:meth:`submit` then :meth:`reclaim`: one synchronous step."""
+        return self.reclaim(self.submit(batch, buffer_slot=buffer_slot))
+
+
+def _batch_rows(inputs: DeepSeekV4DecodeInputs, buffer: object, name: str) -> torch.Tensor:
+    """A per-rank ``[R, T, ...]`` output in batch order, each request's first token row
+    (:meth:`DeepSeekV4DecodeInputs.gather_rows`: one gather, a copy)."""
+    if not isinstance(buffer, torch.Tensor):
+        raise TypeError(
+            f"the engine's {name} argument is a {type(buffer).__name__}, not a host tensor: "
+            "nothing to read back"
+        )
+    return inputs.gather_rows(buffer)
