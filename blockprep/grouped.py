@@ -762,11 +762,7 @@ class _GroupPlanner:
                 self._append(row, ids, src, base)
                 return
             elif group.kind == "paged" and group.shortest <= n < m and ids == base[:n]:
-                self._move(row, src)
-                self.new_latest[row] = base[:n]
-                self.lengths.append((row, n))
-                self._cells((row, slice(n, m)), group.pad, m - n)
-                self.rows_written += 1
+                self._truncate(row, src, base, n)
                 return
         self._whole(row, ids, base)
 
@@ -817,11 +813,7 @@ class _GroupPlanner:
                             self.occupant(row, base, src, base)
                         return
                     self._check_length(row, n)
-                    self._move(row, src)
-                    self.new_latest[row] = base[:n]
-                    self.lengths.append((row, n))
-                    self._cells((row, slice(n, m)), group.pad, m - n)
-                    self.rows_written += 1
+                    self._truncate(row, src, base, n)
                     return
             ids = apply_ops(ops, base)
         except DeltaMessageError as error:
@@ -914,6 +906,14 @@ class _GroupPlanner:
         self._move(row, src)
         value = tail[0] if len(tail) == 1 else np.array(tail, dtype=np.int32)
         self._cells((row, slice(m, len(new))), value, len(tail))
+        self.rows_written += 1
+
+    def _truncate(self, row: int, src: int | None, base: list[int], n: int) -> None:
+        """A paged row that keeps the first ``n`` of its ``base`` ids: its tail reset to pad."""
+        self._move(row, src)
+        self.new_latest[row] = base[:n]
+        self.lengths.append((row, n))
+        self._cells((row, slice(n, len(base))), self.group.pad, len(base) - n)
         self.rows_written += 1
 
     def _move(self, row: int, src: int | None) -> None:

@@ -27,8 +27,6 @@ Targets: per-row <= 1.3x, batched <= 1.0x.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import os
 import pickle
 import statistics
@@ -39,9 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from blockprep.adapters.vllm import VllmBlockTable
+from blockprep.bench.runner import quiet_process
 from blockprep.bench.vllm_port import PortBlockTable
 
 SHAPES: tuple[tuple[int, int], ...] = (
@@ -262,21 +260,6 @@ def verify(num_reqs: int, block_size: int, trace: Sequence[bytes]) -> None:
 
 
 # --- timing -------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def quiet_process() -> Iterator[None]:
-    """The garbage collector off and one torch thread for the duration; both restored after."""
-    threads = torch.get_num_threads()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-        if was_enabled:
-            gc.enable()
 
 
 def time_shape(num_reqs: int, block_size: int, trace: Sequence[bytes]) -> dict[str, list[float]]:
