@@ -7,6 +7,7 @@ and DeepSeek's slot released only after its dispatch completed."""
 
 from __future__ import annotations
 
+import pickle
 import random
 import threading
 from collections.abc import Iterator
@@ -530,3 +531,90 @@ def test_deepseek_engine_arguments_per_slot() -> None:
     del broken[1]["logits"]
     with pytest.raises(KernelArgumentError, match="missing 1: logits"):
         DeepSeekV4RuntimeExecutor(FakeSubmitWorker(), COMPILED, executor.preparer, broken)
+
+
+def test_deepseek_two_lanes_with_early_prepare() -> None:
+    """Upstream's worker as it runs DeepSeek: the command lane prepares slot ``step % 2`` early
+    (placeholder tokens) while the device lane re-stages the other slot's tokens, dispatches and
+    reclaims it. Every dispatched slot equals the reference rebuild of its batch, every handle
+    checks its arguments were untouched until completion."""
+    from blockprep.reference import deepseek_v4_decode_rebuild
+
+    executor, _, _, _ = deepseek_setup()
+    layout = executor.preparer.layout
+    scheduler = one_per_rank(layout)  # upstream's early rule: one request per rank
+    steps = 40
+    queue: list[tuple[DecodeBatch, int]] = []
+    ready = threading.Condition()
+    errors: list[BaseException] = []
+
+    def command() -> None:
+        try:
+            for step in range(steps):
+                batch = pickle.loads(pickle.dumps(scheduler.step()))  # the engine's wire
+                while True:
+                    try:
+                        slot = executor.prepare_early(batch, buffer_slot=step % 2)
+                        break
+                    except RuntimeError:  # that slot is still in flight: wait for the device
+                        with ready:
+                            ready.wait(0.01)
+                with ready:
+                    queue.append((batch, slot))
+                    ready.notify_all()
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    def device() -> None:
+        try:
+            for _ in range(steps):
+                with ready:
+                    while not queue and not errors:
+                        ready.wait(1)
+                    if errors:
+                        return
+                    batch, slot = queue.pop(0)
+                pending = executor.submit_prepared(batch, slot)
+                expected = deepseek_v4_decode_rebuild(
+                    batch,
+                    ranks=R,
+                    decode_batch=b,
+                    decode_seq=layout.decode_seq,
+                    num_blocks=layout.num_blocks,
+                )
+                for name, tensor in pending.inputs.buffers().items():
+                    assert torch.equal(tensor, expected[name]), f"slot {slot} {name}"
+                reclaim_and_check(executor, pending)
+                with ready:
+                    ready.notify_all()
+        except BaseException as error:  # pragma: no cover - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=command), threading.Thread(target=device)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert executor.busy_slots() == frozenset()
+
+
+def one_per_rank(layout: DeepSeekV4Layout) -> DeepSeekV4SchedulerSim:
+    return DeepSeekV4SchedulerSim(
+        ranks=R, decode_batch=1, max_seq_len=1024, num_blocks=dict(layout.num_blocks), seed=1
+    )
+
+
+def test_deepseek_submit_prepared_needs_an_early_prepare() -> None:
+    executor, worker, _, _ = deepseek_setup()
+    scheduler = one_per_rank(executor.preparer.layout)
+    batch = scheduler.step()
+    with pytest.raises(RuntimeError, match="was not prepared by prepare_early"):
+        executor.submit_prepared(batch, 0)
+    slot = executor.prepare_early(batch, buffer_slot=0)
+    other = scheduler.step()
+    other.request_ids = list(reversed(other.request_ids))  # not the requests prepared there
+    if len(other.request_ids) > 1:
+        with pytest.raises(ValueError):
+            executor.submit_prepared(other, slot)
+        assert executor.busy_slots() == frozenset() and worker.calls == []

@@ -332,6 +332,54 @@ class DeepSeekV4RuntimeExecutor:
                 the slot is free again).
             ValueError, TypeError: the preparer's (nothing written, the slot free again).
         """
+        slot = self._claim(buffer_slot)
+        try:
+            inputs = self.preparer.prepare(batch, buffer_slot=slot)
+            return self._dispatch(batch, inputs)
+        except BaseException:
+            self._release(slot)
+            raise
+
+    def prepare_early(self, batch: DecodeBatch, *, buffer_slot: int | None = None) -> int:
+        """Upstream's command lane: claim ``buffer_slot`` and prepare ``batch`` into it early
+        (tables, KV lengths, placeholder tokens; ``DeepSeekV4DecodePreparer.prepare(...,
+        early=True)``); return the slot. :meth:`submit_prepared` re-stages and dispatches it
+        later, on the device lane, while this lane may prepare the other slot. The slot stays
+        claimed until its dispatch is reclaimed.
+
+        Raises: as :meth:`submit` (the slot free again on an error).
+        """
+        slot = self._claim(buffer_slot)
+        try:
+            self.preparer.prepare(batch, buffer_slot=slot, early=True)
+        except BaseException:
+            self._release(slot)
+            raise
+        return slot
+
+    def submit_prepared(self, batch: DecodeBatch, buffer_slot: int) -> DeepSeekV4PendingDecode:
+        """Upstream's device lane: re-stage ``batch``'s tokens, positions and KV lengths into
+        the slot :meth:`prepare_early` prepared (same requests in the same places), check the
+        prepared arguments and ``worker.submit`` the kernel.
+
+        Raises:
+            RuntimeError: the slot was not claimed by :meth:`prepare_early`.
+            ValueError, TypeError: the preparer's re-stage errors; PreparedArgumentError. On
+                any error the slot is released (prepare it again).
+        """
+        slot = as_int(buffer_slot, "buffer_slot")
+        with self._lock:
+            if slot not in self._busy:
+                raise RuntimeError(f"buffer slot {slot} was not prepared by prepare_early")
+        try:
+            inputs = self.preparer.restage(batch, buffer_slot=slot)
+            return self._dispatch(batch, inputs)
+        except BaseException:
+            self._release(slot)
+            raise
+
+    def _claim(self, buffer_slot: int | None) -> int:
+        """Take a free slot (``None``: the steps so far modulo the slot count)."""
         with self._lock:
             slot = self._steps % self.preparer.buffer_slots if buffer_slot is None else buffer_slot
             slot = as_int(slot, "buffer_slot")
@@ -341,21 +389,25 @@ class DeepSeekV4RuntimeExecutor:
                     "preparing the slot again (the kernel may still read its buffers)"
                 )
             self._busy.add(slot)  # claimed before writing: another thread cannot take it
-        try:
-            inputs = self.preparer.prepare(batch, buffer_slot=slot)
-            prepared = deepseek_v4_argument_values(inputs)
-            check_prepared_arguments(DEEPSEEK_V4_DECODE_KERNEL, self.specs, prepared)
-            args = build_arguments(
-                DEEPSEEK_V4_DECODE_KERNEL,
-                DEEPSEEK_V4_DECODE_ARGUMENTS,
-                prepared,
-                self.engine_arguments[inputs.buffer_slot],
-            )
-            handle = self.worker.submit(self.compiled, *args)
-        except BaseException:
-            with self._lock:
-                self._busy.discard(slot)
-            raise
+            return slot
+
+    def _release(self, slot: int) -> None:
+        with self._lock:
+            self._busy.discard(slot)
+
+    def _dispatch(
+        self, batch: DecodeBatch, inputs: DeepSeekV4DecodeInputs
+    ) -> DeepSeekV4PendingDecode:
+        """Check the slot's prepared arguments and submit the kernel on them."""
+        prepared = deepseek_v4_argument_values(inputs)
+        check_prepared_arguments(DEEPSEEK_V4_DECODE_KERNEL, self.specs, prepared)
+        args = build_arguments(
+            DEEPSEEK_V4_DECODE_KERNEL,
+            DEEPSEEK_V4_DECODE_ARGUMENTS,
+            prepared,
+            self.engine_arguments[inputs.buffer_slot],
+        )
+        handle = self.worker.submit(self.compiled, *args)
         with self._lock:
             self._steps += 1
         greedy = bool(getattr(batch, "allow_device_greedy_sampling", False))
@@ -382,8 +434,7 @@ class DeepSeekV4RuntimeExecutor:
                 else None
             )
         finally:
-            with self._lock:
-                self._busy.discard(inputs.buffer_slot)
+            self._release(inputs.buffer_slot)
         return DecodeResult(hidden_states=None, logits=logits, sampled_token_ids=sampled)
 
     def run_decode(self, batch: DecodeBatch, *, buffer_slot: int | None = None) -> DecodeResult:
