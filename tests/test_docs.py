@@ -12,12 +12,47 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
+CONTINUES = "# continues the examples above"
+"""The first line of a block that needs the blocks before it in its file (every other block
+runs when copied alone)."""
+
+
+def _blocks(document: Path) -> list[tuple[int, str]]:
+    """Each ``python`` block of ``document`` with the line its code starts on."""
+    text = document.read_text()
+    return [
+        (text.count("\n", 0, match.start(1)) + 1, match.group(1))
+        for match in re.finditer(r"```python\n(.*?)```", text, flags=re.DOTALL)
+    ]
+
+
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda path: path.name)
 def test_python_examples_run(document: Path) -> None:
-    blocks = re.findall(r"```python\n(.*?)```", document.read_text(), flags=re.DOTALL)
     namespace: dict[str, object] = {"__name__": f"docs.{document.stem}"}
-    for block in blocks:
-        exec(compile(block, f"<{document.name}>", "exec"), namespace)
+    for line, block in _blocks(document):
+        exec(compile(block, f"<{document.name}:{line}>", "exec"), namespace)
+
+
+ALONE = [
+    pytest.param(document, line, block, id=f"{document.name}:{line}")
+    for document in DOCUMENTS
+    for line, block in _blocks(document)
+    if not block.startswith(CONTINUES)
+]
+
+
+@pytest.mark.parametrize(("document", "line", "block"), ALONE)
+def test_each_python_example_runs_alone(document: Path, line: int, block: str) -> None:
+    """Copied on its own, an example runs: its imports and the lines it needs are in it, unless
+    its first line says it continues the examples above."""
+    namespace: dict[str, object] = {"__name__": f"docs.{document.stem}.{line}"}
+    exec(compile(block, f"<{document.name}:{line}>", "exec"), namespace)
+
+
+def test_most_examples_run_alone() -> None:
+    blocks = [block for document in DOCUMENTS for _, block in _blocks(document)]
+    continued = [block for block in blocks if block.startswith(CONTINUES)]
+    assert len(continued) * 4 < len(blocks), "mark only the blocks that truly continue others"
 
 
 def test_readme_has_examples_and_the_ci_test_command() -> None:

@@ -37,10 +37,14 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.ids import INT32_MAX, as_int
+from blockprep.ids import INT32_MAX, NOT_ID_ROWS, as_int, has_integer_dtype
+from blockprep.reference import QwenDecodePrep97
 from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
+from blockprep.verify import check_buffer, rows_and_columns
 from blockprep.wire import DeltaCursor, DeltaMessageError, apply_ops
+
+INT64_MAX = 2**63 - 1
 
 SAMPLED_IDS_PAD = 8
 """Token columns of upstream's compiled Qwen decode program today. Upstream reads it from the
@@ -105,6 +109,14 @@ class QwenDecodePreparer:
         padding: rows past the active batch: ``"replicate"`` row 0 (the default, upstream's
             fixed-batch kernel) or ``"untouched"`` (for the dynamic-batch kernel handed
             :meth:`QwenDecodeInputs.prefix_views`).
+        verify: after every :meth:`prepare`, compare every buffer (host, and device mirror
+            when there is one) with a from-scratch rebuild of the same step through
+            :class:`blockprep.reference.QwenDecodePrep97` (delta steps: of the id lists the
+            message makes, kept apart from the table) and raise
+            :class:`~blockprep.block_table.StaleRowError` naming the first differing buffer, row
+            and column; the block table's row cache is verified too. Slow (a whole rebuild per
+            step), off by default: the first thing to switch on when wiring blockprep into an
+            engine (docs/integration.md).
 
     Raises:
         ValueError: a size below 1; an unknown buffer name, a wrong shape, a non-contiguous or
@@ -124,6 +136,7 @@ class QwenDecodePreparer:
         share_memory: bool | None = None,
         buffers: Mapping[str, torch.Tensor] | None = None,
         padding: Padding = "replicate",
+        verify: bool = False,
     ) -> None:
         self.max_batch_size = as_int(max_batch_size, "max_batch_size")
         self.max_seq_len = as_int(max_seq_len, "max_seq_len")
@@ -188,6 +201,10 @@ class QwenDecodePreparer:
         self._cursor = DeltaCursor()
         self._request_ids: list[Hashable] | None = None
         self._request_rows: dict[Hashable, int] = {}
+        self.verify = bool(verify)
+        self._verify_lists: dict[Hashable, list[int]] = {}  # by request: the message's lists
+        if self.verify:  # the unverified prepare pays nothing for the option
+            self.prepare = self._verified_prepare  # type: ignore[method-assign]
 
     @property
     def block_table(self) -> BlockTable:
@@ -221,8 +238,11 @@ class QwenDecodePreparer:
         included):
             ValueError: ``"batch must contain at least one request"``; ``"batch has {n}
                 requests, but runtime max_batch_size is {B}"``; ``"decode token_ids must contain
-                exactly one token per row, got shape {shape}"``; ``"decode seq_lens has {n} rows,
-                expected {A}"``; then, for deltas, :class:`~blockprep.wire.DeltaSequenceError`
+                exactly one token per row, got shape {shape}"`` (only ``[A]`` and ``[A, 1]``
+                are taken; upstream's reshape also took ``[1, A]``); ``"decode seq_lens has {n}
+                rows, expected {A}"`` (fewer rows; or more rows than request ids without
+                ``kv_allocations``: with them, extra trailing rows are ignored, as upstream);
+                then, for deltas, :class:`~blockprep.wire.DeltaSequenceError`
                 (the message does not build on the last one applied) and
                 :class:`~blockprep.wire.DeltaMessageError` (a malformed message or op, the
                 request named); then per row ``"decode seq_lens must be positive"``, ``"decode
@@ -230,6 +250,12 @@ class QwenDecodePreparer:
                 block-table width {w}"``, ``"page_ids list length {n} is too small for decode
                 position {t}; need at least {k} pages"``, a bad page id at the decode position or
                 a slot above int32 (row named); then bad token ids, then bad page ids (row named).
+            TypeError: ``token_ids`` or ``seq_lens`` of a non-integer dtype (a bool or float
+                tensor: upstream's int32 copy would make ``True`` 1 and ``11.7`` 11), after the
+                shape checks; a non-integer page id (row named).
+
+        ``block_ids`` rows past the batch are ignored (upstream reads ``block_ids[i]`` for the
+        ``A`` rows only); a missing row is ``[]``.
         """
         allocations = getattr(batch, "kv_allocations", None)  # upstream's: pages come first
         if allocations:
@@ -243,13 +269,23 @@ class QwenDecodePreparer:
                 f"batch has {count} requests, but runtime max_batch_size is {self.max_batch_size}"
             )
         tokens = batch.token_ids
-        if tokens.numel() % count or tokens.numel() // count != 1:
+        shape = tokens.shape
+        if shape != (count,) and shape != (count, 1):
+            _raise_token_shape(tokens, count)
+        seq_count = batch.seq_lens.numel()
+        if seq_count < count:
+            raise ValueError(f"decode seq_lens has {seq_count} rows, expected {count}")
+        if seq_count > count and not allocations:
+            # upstream counts seq_lens rows when it has no kv_allocations: more seq_lens than
+            # request ids contradict each other (with kv_allocations, extras are ignored)
             raise ValueError(
-                "decode token_ids must contain exactly one token per row, "
-                f"got shape {tuple(tokens.shape)}"
+                f"decode seq_lens has {seq_count} rows, expected {count} (one per request id; "
+                "extra seq_lens rows are ignored only when kv_allocations set the batch size, "
+                "as upstream)"
             )
-        if batch.seq_lens.numel() < count:
-            raise ValueError(f"decode seq_lens has {batch.seq_lens.numel()} rows, expected {count}")
+        if tokens.dtype not in _INTEGER_DTYPES or batch.seq_lens.dtype not in _INTEGER_DTYPES:
+            _check_integer_dtype(batch.seq_lens, "seq_lens")
+            _check_integer_dtype(tokens, "token_ids")
         message = getattr(batch, "block_deltas", None)  # upstream's DecodeBatch has none
         if count <= self.row_loop_max:
             step = None if message is None else self._delta_step(message, batch.request_ids, count)
@@ -259,7 +295,12 @@ class QwenDecodePreparer:
             block_ids = _page_lists(batch)
             rows = block_ids if len(block_ids) == count else _rows_of(block_ids, count)
             items: Any = enumerate(rows)
-            row_lengths = list(map(len, rows))
+            try:
+                row_lengths = list(map(len, rows))
+            except TypeError:  # a row with no length: name it
+                for row, ids in enumerate(rows):
+                    _check_page_row(row, ids)
+                raise
             too_long = max(row_lengths) > self.max_blocks
             lengths: npt.NDArray[Any] = np.array(row_lengths)
             step = None
@@ -345,7 +386,9 @@ class QwenDecodePreparer:
                 raise ValueError("decode seq_lens must be positive")
             if seq_len > max_seq_len:
                 raise ValueError(f"decode seq_len {seq_len} exceeds max_seq_len {max_seq_len}")
-            row_pages = held or []
+            row_pages: Any = [] if held is None else held
+            if type(row_pages) is not list:  # a set, a str, a scalar: TypeError, row named
+                _check_page_row(row, row_pages)
             if len(row_pages) > width:
                 raise ValueError(
                     f"page_ids list length {len(row_pages)} exceeds block-table width {width}"
@@ -377,6 +420,68 @@ class QwenDecodePreparer:
             self._request_rows = step.rows
         self._write_rows(count, token_values, seq_lens, slots)
         return self._inputs(count)
+
+    def _verified_prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
+        """:meth:`prepare`, then every buffer against a from-scratch rebuild (``verify=True``)."""
+        inputs = QwenDecodePreparer.prepare(self, batch)
+        count = inputs.actual_batch
+        message = getattr(batch, "block_deltas", None)
+        lists: list[list[int]]
+        if message is None:
+            source = _page_lists(batch)
+            lists = [
+                [int(x) for x in source[row]] if row < len(source) else [] for row in range(count)
+            ]
+            requests = list(batch.request_ids)
+            self._verify_lists = dict(zip(requests, lists, strict=True)) if requests else {}
+        else:  # the lists the message makes of the verifier's own, never the table's
+            held = {} if message["base"] is None else self._verify_lists
+            ops_by_request = message["rows"]
+            lists = []
+            for request in batch.request_ids:
+                ops = ops_by_request.get(request)
+                ids = held[request] if ops is None else apply_ops(ops, held.get(request))
+                lists.append([int(x) for x in ids])
+            self._verify_lists = dict(zip(batch.request_ids, lists, strict=True))
+        self._table.verify()
+        rebuilt = QwenDecodePrep97(
+            self.max_batch_size, self.max_seq_len, self.page_size, self.token_width
+        )
+        rebuilt.prepare(
+            DecodeBatch(
+                request_ids=[str(row) for row in range(count)],
+                token_ids=torch.tensor(batch.token_ids.reshape(-1)[:count].tolist()),
+                hidden_states=None,
+                seq_lens=torch.tensor(batch.seq_lens.reshape(-1)[:count].tolist()),
+                block_ids=lists,
+            )
+        )
+        rows = self.max_batch_size if self.padding == "replicate" else count
+        width = self.max_blocks
+        expected = {
+            "token_ids": rebuilt.token_ids,
+            "seq_lens": rebuilt.seq_lens,
+            "block_table": rebuilt.block_table.view(-1, width),
+            "slot_mapping": rebuilt.slot_mapping,
+        }
+        sets = [("host", self.buffers())]
+        if not self._table_mirror.is_host:
+            device = {
+                "token_ids": inputs.token_ids,
+                "seq_lens": inputs.seq_lens,
+                "block_table": inputs.block_table,
+                "slot_mapping": inputs.slot_mapping,
+            }
+            sets.append(("device", device))
+        for where, buffers in sets:
+            for name, want in expected.items():
+                got = buffers[name]
+                if name == "block_table":
+                    got = got.view(-1, width)
+                check_buffer(
+                    f"Qwen decode ({where})", name, got[:rows], want[:rows], rows_and_columns
+                )
+        return inputs
 
     def reset(self) -> None:
         """What upstream's warm-up does: forget every cached block-table row (the next step
@@ -561,6 +666,46 @@ class _DeltaStep(NamedTuple):
     items: dict[int, Any]
 
 
+def _check_page_row(row: int, pages: object) -> None:
+    """``TypeError`` naming the row unless ``pages`` is an ordered sequence of ids (a list,
+    tuple, or 1-D array or tensor; not a set, dict, string or bytes-like object)."""
+    if (
+        isinstance(pages, NOT_ID_ROWS)
+        or not isinstance(pages, (Sequence, np.ndarray, torch.Tensor))
+        or getattr(pages, "ndim", 1) != 1
+    ):
+        raise TypeError(
+            f"decode row {row} page_ids must be a sequence of page ids, got {type(pages).__name__}"
+        )
+
+
+_INTEGER_DTYPES = frozenset(
+    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
+    | {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
+)
+
+
+def _raise_token_shape(tokens: torch.Tensor, count: int) -> NoReturn:
+    """Token ids must be ``[A]`` or ``[A, 1]`` (upstream's message; upstream's ``reshape(A,
+    -1)`` also let ``[1, A]`` and other shapes of ``A`` tokens through, which would hide a
+    transposed batch)."""
+    shape = tuple(tokens.shape)
+    message = f"decode token_ids must contain exactly one token per row, got shape {shape}"
+    if tokens.numel() == count:
+        message += f" (expected [{count}] or [{count}, 1])"
+    raise ValueError(message)
+
+
+def _check_integer_dtype(values: torch.Tensor, name: str) -> None:
+    """``TypeError`` unless ``values`` holds integers (a bool or float tensor would be cast:
+    ``True`` -> 1, ``11.7`` -> 11)."""
+    if not has_integer_dtype(values):
+        raise TypeError(
+            f"decode {name} must be an integer tensor ([A] int32 or int64), got dtype "
+            f"{values.dtype}"
+        )
+
+
 def _page_lists(batch: DecodeBatch) -> Sequence[Sequence[int]]:
     """Each row's pages, upstream's priority: ``kv_allocations[i].page_ids``, else
     ``block_ids[i]``."""
@@ -600,6 +745,8 @@ def _int64(values: torch.Tensor, count: int) -> npt.NDArray[np.int64]:
         return flat
     if flat.dtype.kind not in "iu":
         flat = torch.from_numpy(np.ascontiguousarray(flat)).to(torch.int64).numpy()
+    if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:  # saturate, never wrap to negative
+        flat = np.minimum(flat, np.uint64(INT64_MAX))
     return flat.astype(np.int64)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import operator
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -46,7 +46,10 @@ from blockprep.grouped import (
     TableGroup,
 )
 from blockprep.ids import as_int, has_integer_dtype
-from blockprep.wire import DeltaCursor, DeltaMessageError
+from blockprep.verify import check_buffer
+from blockprep.wire import DeltaCursor, DeltaMessageError, apply_ops
+
+INT64_MAX = 2**63 - 1
 
 HOST_HIDDEN_MESSAGE = "DeepSeek V4 decode requires host hidden states"
 MTP_PREVIOUS_MESSAGE = "DeepSeekV4 MTP decode requires previous token IDs and embeddings"
@@ -286,6 +289,16 @@ class DeepSeekV4DecodePreparer:
             (a tensor moved to shared memory changes address).
         track_dirty_ranks: record per slot the ranks whose buffers a call wrote, for
             :meth:`take_dirty_ranks` (runtimes that upload changed rank shards).
+        verify: slow checks for wiring blockprep into an engine, off by default. Before each
+            prepare writes, the input contract of docs/api.md (a ring group holds at most its
+            ring length of ids, a full-history group at least ``ceil(seq_len / 128)``: checks
+            upstream did not make) raises ``ValueError`` naming the row, request, group and
+            count, nothing written; after it writes, every buffer of the slot is compared with
+            :func:`blockprep.reference.deepseek_v4_decode_rebuild` (and ``x_hc`` with
+            :func:`~blockprep.reference.deepseek_v4_x_hc`) of the same step (delta steps: of the
+            id lists the message makes, kept apart from the tables), raising
+            :class:`~blockprep.block_table.StaleRowError` naming the first differing buffer,
+            rank, row and column. :meth:`restage` is not verified.
 
     Threading contract (upstream's worker: a command thread prepares slot ``step % 2`` early while
     a device thread re-stages and dispatches the other):
@@ -317,6 +330,7 @@ class DeepSeekV4DecodePreparer:
         share_memory: bool | None = None,
         buffers: Sequence[Mapping[str, torch.Tensor]] | None = None,
         track_dirty_ranks: bool = False,
+        verify: bool = False,
     ) -> None:
         if not isinstance(layout, DeepSeekV4Layout):
             raise TypeError(f"layout must be a DeepSeekV4Layout, got {type(layout).__name__}")
@@ -368,6 +382,8 @@ class DeepSeekV4DecodePreparer:
         self._scratch: list[list[list[int]]] = []
         self._assignment: Assignment | None = None
         self._cursor = DeltaCursor()
+        self.verify = bool(verify)
+        self._verify_held: dict[Any, dict[str, list[int]]] = {}  # by request, as the steps made
         if layout.bound:
             self._bind(layout)
 
@@ -603,7 +619,9 @@ class DeepSeekV4DecodePreparer:
                 self._one_per_rank(assignment)
                 rows = self._decode_rows(batch, seq, A)
                 hidden = self._hidden(batch, A, mtp=False)
-            return self._stage(batch, assignment, buffer_slot, seq, rows, hidden, "decode")
+            return self._stage(
+                batch, assignment, buffer_slot, seq, rows, hidden, "decode", early=early
+            )
 
     def prepare_mtp(
         self, batch: DecodeBatch, *, buffer_slot: int = 0, early: bool = False
@@ -645,7 +663,9 @@ class DeepSeekV4DecodePreparer:
             else:
                 rows = self._mtp_rows(batch, seq, A)
                 hidden = self._hidden(batch, A, mtp=True)
-            return self._stage(batch, assignment, buffer_slot, seq, rows, hidden, "mtp")
+            return self._stage(
+                batch, assignment, buffer_slot, seq, rows, hidden, "mtp", early=early
+            )
 
     def prepare_mtp_target(
         self,
@@ -798,6 +818,7 @@ class DeepSeekV4DecodePreparer:
         drafts = integer_tensor(draft_token_ids, "draft_token_ids").reshape(-1)
         if drafts.numel() != A:
             raise ValueError(f"draft_token_ids must have {A} entries, got {drafts.numel()}")
+        _integer_array(drafts, "draft_token_ids")  # uint64 above int64 would wrap
         current = batch.token_ids if batch.token_ids.ndim == 1 else batch.token_ids[:, 0]
         host = self.embedding == "host"
         return DecodeBatch(
@@ -828,15 +849,22 @@ class DeepSeekV4DecodePreparer:
         rows: _Rows,
         hidden: tuple[torch.Tensor, torch.Tensor | None] | None,
         mode: Mode,
+        *,
+        early: bool = False,
     ) -> DeepSeekV4DecodeInputs:
         """Check the block ids, plan the tables, then write the slot (nothing after the plan
-        can raise). The caller holds the slot's lock and the planning lock."""
+        can raise, but verify mode's comparison). The caller holds the slot's lock and the
+        planning lock."""
         number = self._checked_slot(batch, rows, buffer_slot)
         tables = self._grouped()
         if batch.block_deltas is None:
             step, applied = self._plan_tables(batch, assignment), None
         else:
             step, applied = self._plan_deltas(batch.block_deltas, batch, assignment)
+        groups = None
+        if self.verify:  # the lists this step makes, checked against the layout before writing
+            groups = self._verify_lists(batch)
+            self._check_contract(batch, groups, seq)
         tables.commit(step, number)
         self._cursor.last = applied
         slot = self._slots[number]
@@ -863,7 +891,111 @@ class DeepSeekV4DecodePreparer:
         slot.prepared = _Prepared(
             mode, tuple(assignment.request_ids), list(assignment.partitions), assignment, inputs
         )
+        if groups is not None:
+            self._verify_held = dict(zip(batch.request_ids, groups, strict=True))
+            self._verify_slot(inputs, batch, groups, seq, rows, hidden, mode, early)
         return inputs
+
+    # --- verify mode -----------------------------------------------------------------------------
+
+    def _verify_lists(self, batch: DecodeBatch) -> list[dict[str, list[int]]]:
+        """Each request's ids per group as this (planned, valid) step makes them: the batch's,
+        or the message's ops applied to what the verifier kept of the steps before."""
+        message = batch.block_deltas
+        if message is None:
+            return [
+                {name: [int(x) for x in row[name]] for name in GROUP_NAMES}
+                for row in batch.block_ids_by_group
+            ]
+        held = {} if message.get("base") is None else self._verify_held
+        ops_by_request = message.get("rows") or {}
+        lists = []
+        for request in batch.request_ids:
+            groups = dict(held.get(request, {}))
+            for name, ops in ops_by_request.get(request, {}).items():
+                groups[name] = [int(x) for x in apply_ops(ops, groups.get(name))]
+            lists.append(groups)
+        return lists
+
+    def _check_contract(
+        self, batch: DecodeBatch, groups: list[dict[str, list[int]]], seq: npt.NDArray[np.int64]
+    ) -> None:
+        """The input contract (docs/api.md): rings hold at most their ring length of ids,
+        full-history groups at least ``ceil(seq_len / 128)``. Upstream checked neither."""
+        for q, (row, seq_len) in enumerate(zip(groups, seq.tolist(), strict=True)):
+            for group in self.layout.groups:
+                n = len(row[group.name])
+                where = f"decode row {q} (request {batch.request_ids[q]!r}) group {group.name}"
+                if group.kind == "ring" and n > group.ids_per_request:
+                    raise ValueError(
+                        f"DeepSeekV4 input contract: {where} holds {n} block IDs, more than its "
+                        f"ring length {group.ids_per_request}"
+                    )
+                need = -(-seq_len // group.block_tokens)
+                if group.kind == "paged" and n < need:
+                    raise ValueError(
+                        f"DeepSeekV4 input contract: {where} holds {n} block IDs, fewer than "
+                        f"seq_len {seq_len} needs (ceil({seq_len} / {group.block_tokens}) = "
+                        f"{need})"
+                    )
+
+    def _verify_slot(
+        self,
+        inputs: DeepSeekV4DecodeInputs,
+        batch: DecodeBatch,
+        groups: list[dict[str, list[int]]],
+        seq: npt.NDArray[np.int64],
+        rows: _Rows,
+        hidden: tuple[torch.Tensor, torch.Tensor | None] | None,
+        mode: Mode,
+        early: bool,
+    ) -> None:
+        """Every buffer of the slot against upstream's full rebuild of the same step."""
+        from blockprep.reference import deepseek_v4_decode_rebuild, deepseek_v4_x_hc
+
+        layout = self.layout
+        A = len(groups)
+        explicit = early or mode == "target"  # the call's rows, not the batch's tokens
+        exact = DecodeBatch(
+            request_ids=list(batch.request_ids),
+            token_ids=torch.zeros(A, dtype=torch.int64) if explicit else batch.token_ids,
+            hidden_states=batch.hidden_states,
+            seq_lens=torch.tensor(seq.tolist(), dtype=torch.int64),
+            block_ids_by_group=groups,
+            cache_partitions=list(inputs.ranks),
+            prev_token_ids=batch.prev_token_ids,
+            prev_hidden_states=batch.prev_hidden_states,
+        )
+        expected = deepseek_v4_decode_rebuild(
+            exact,
+            ranks=layout.ranks,
+            decode_batch=layout.decode_batch,
+            decode_seq=layout.decode_seq,
+            num_blocks=layout.num_blocks,
+            mtp=mode == "mtp",
+            fix=True,
+            token_rows=rows.tokens.tolist() if explicit else None,
+            positions=rows.positions.tolist() if explicit else None,
+            active_seq=rows.active_seq if explicit else None,
+        )
+        got = inputs.buffers()
+        if hidden is not None and inputs.x_hc is not None:
+            got["x_hc"] = inputs.x_hc
+            expected["x_hc"] = deepseek_v4_x_hc(
+                exact,
+                ranks=layout.ranks,
+                decode_batch=layout.decode_batch,
+                decode_seq=layout.decode_seq,
+                mtp=mode == "mtp",
+            )
+        for name, tensor in got.items():
+            check_buffer(
+                f"DeepSeekV4 decode (slot {inputs.buffer_slot})",
+                name,
+                tensor,
+                expected[name],
+                _place(name),
+            )
 
     def _plan_tables(self, batch: DecodeBatch, assignment: Assignment) -> GroupedStep:
         """Every group's rows in table order (requests by assignment, scratch pages on padding
@@ -1079,6 +1211,28 @@ class DeepSeekV4DecodePreparer:
             raise
 
 
+_PLACES = {
+    "kv_seq_lens": ("rank", "row"),
+    "input_ids": ("rank", "token row"),
+    "position_ids": ("rank", "token row"),
+    "logit_row_indices": ("rank", "token row"),
+    "num_tokens_per_owner": ("rank",),
+    "x_hc": ("rank", "token row", "column"),
+}
+
+
+def _place(name: str) -> Callable[[tuple[int, ...]], str]:
+    """Names an index of slot buffer ``name``: ``rank r, row l, column c`` of a table or
+    ``block_counts``, ``rank r, token row t`` of the token rows, ``rank r, row l`` of
+    ``kv_seq_lens``."""
+    parts = _PLACES.get(name, ("rank", "row", "column"))
+
+    def place(index: tuple[int, ...]) -> str:
+        return ", ".join(f"{part} {i}" for part, i in zip(parts, index, strict=False))
+
+    return place
+
+
 def _adopted(
     buffers: Sequence[Mapping[str, torch.Tensor]],
     specs: Mapping[str, Any],
@@ -1152,6 +1306,16 @@ def _integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
         raise TypeError(f"decode {name} must be integers, got dtype {array.dtype}")
     if isinstance(array, torch.Tensor):
         array = array.detach().cpu().numpy()
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
+        flat = array.reshape(-1)
+        over = np.flatnonzero(flat > np.uint64(INT64_MAX))
+        if over.size:  # astype would wrap them to negative ids
+            where = np.unravel_index(int(over[0]), array.shape)
+            row = int(where[0]) if where else 0
+            raise ValueError(
+                f"decode {name} must fit int64: row {row} holds {int(flat[over[0]])}, above "
+                f"{INT64_MAX}"
+            )
     return array.astype(np.int64, copy=False)
 
 
