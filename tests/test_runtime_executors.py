@@ -470,29 +470,54 @@ def test_deepseek_two_lanes() -> None:
     """Upstream's lanes: a command thread submits slot ``step % 2`` while a device thread
     reclaims the other; every handle checks its arguments were untouched until completion."""
     executor, _, _, scheduler = deepseek_setup()
-    steps = 40  # the simulator's lists are live: each batch made on the command lane
+    # The simulator's lists are live: each batch is made on the command lane, once a step.
+    batch_of = once_a_step(scheduler.step)
+    run_two_lanes(
+        40,
+        lambda step: executor.submit(batch_of(step), buffer_slot=step % 2),
+        lambda pending: reclaim_and_check(executor, pending),
+    )
+    assert executor.busy_slots() == frozenset()
+
+
+def once_a_step(make: Any) -> Any:
+    """``make()``'s result for each step, made on the first call for that step (a command
+    retried while its slot is in flight takes the same batch)."""
+    made: dict[int, Any] = {}
+
+    def of(step: int) -> Any:
+        if step not in made:
+            made[step] = make()
+        return made[step]
+
+    return of
+
+
+def run_two_lanes(steps: int, command: Any, device: Any) -> None:
+    """Upstream's worker lanes: a command thread runs ``command(step)`` (retrying while the
+    slot is in flight: ``RuntimeError``) and queues its result; a device thread runs
+    ``device(result)`` on each, in order. Errors of either lane fail the test."""
     queue: list[Any] = []
     ready = threading.Condition()
     errors: list[BaseException] = []
 
-    def command() -> None:
+    def command_lane() -> None:
         try:
             for step in range(steps):
-                batch = scheduler.step()
                 while True:
                     try:
-                        pending = executor.submit(batch, buffer_slot=step % 2)
+                        item = command(step)
                         break
                     except RuntimeError:  # that slot is still in flight: wait for the device
                         with ready:
                             ready.wait(0.01)
                 with ready:
-                    queue.append(pending)
+                    queue.append(item)
                     ready.notify_all()
         except BaseException as error:  # pragma: no cover - reported below
             errors.append(error)
 
-    def device() -> None:
+    def device_lane() -> None:
         try:
             for _ in range(steps):
                 with ready:
@@ -500,20 +525,19 @@ def test_deepseek_two_lanes() -> None:
                         ready.wait(1)
                     if errors:
                         return
-                    pending = queue.pop(0)
-                reclaim_and_check(executor, pending)
+                    item = queue.pop(0)
+                device(item)
                 with ready:
                     ready.notify_all()
         except BaseException as error:  # pragma: no cover - reported below
             errors.append(error)
 
-    threads = [threading.Thread(target=command), threading.Thread(target=device)]
+    threads = [threading.Thread(target=command_lane), threading.Thread(target=device_lane)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
     assert not errors, errors
-    assert executor.busy_slots() == frozenset()
 
 
 def test_deepseek_refuses_private_memory_and_frees_the_slot() -> None:
@@ -543,59 +567,28 @@ def test_deepseek_two_lanes_with_early_prepare() -> None:
     executor, _, _, _ = deepseek_setup()
     layout = executor.preparer.layout
     scheduler = one_per_rank(layout)  # upstream's early rule: one request per rank
-    steps = 40
-    queue: list[tuple[DecodeBatch, int]] = []
-    ready = threading.Condition()
-    errors: list[BaseException] = []
 
-    def command() -> None:
-        try:
-            for step in range(steps):
-                batch = pickle.loads(pickle.dumps(scheduler.step()))  # the engine's wire
-                while True:
-                    try:
-                        slot = executor.prepare_early(batch, buffer_slot=step % 2)
-                        break
-                    except RuntimeError:  # that slot is still in flight: wait for the device
-                        with ready:
-                            ready.wait(0.01)
-                with ready:
-                    queue.append((batch, slot))
-                    ready.notify_all()
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
+    batch_of = once_a_step(lambda: pickle.loads(pickle.dumps(scheduler.step())))  # the wire
 
-    def device() -> None:
-        try:
-            for _ in range(steps):
-                with ready:
-                    while not queue and not errors:
-                        ready.wait(1)
-                    if errors:
-                        return
-                    batch, slot = queue.pop(0)
-                pending = executor.submit_prepared(batch, slot)
-                expected = deepseek_v4_decode_rebuild(
-                    batch,
-                    ranks=R,
-                    decode_batch=b,
-                    decode_seq=layout.decode_seq,
-                    num_blocks=layout.num_blocks,
-                )
-                for name, tensor in pending.inputs.buffers().items():
-                    assert torch.equal(tensor, expected[name]), f"slot {slot} {name}"
-                reclaim_and_check(executor, pending)
-                with ready:
-                    ready.notify_all()
-        except BaseException as error:  # pragma: no cover - reported below
-            errors.append(error)
+    def command(step: int) -> tuple[DecodeBatch, int]:
+        batch = batch_of(step)
+        return batch, executor.prepare_early(batch, buffer_slot=step % 2)
 
-    threads = [threading.Thread(target=command), threading.Thread(target=device)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
+    def device(item: tuple[DecodeBatch, int]) -> None:
+        batch, slot = item
+        pending = executor.submit_prepared(batch, slot)
+        expected = deepseek_v4_decode_rebuild(
+            batch,
+            ranks=R,
+            decode_batch=b,
+            decode_seq=layout.decode_seq,
+            num_blocks=layout.num_blocks,
+        )
+        for name, tensor in pending.inputs.buffers().items():
+            assert torch.equal(tensor, expected[name]), f"slot {slot} {name}"
+        reclaim_and_check(executor, pending)
+
+    run_two_lanes(40, command, device)
     assert executor.busy_slots() == frozenset()
 
 
