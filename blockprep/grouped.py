@@ -684,15 +684,7 @@ class _GroupPlanner:
         """Decide every changed row. Inline, the common case of a steady step: a request's row
         whose ids differ from what it holds only at its hinted position (the ring slot after the
         one that rotated last), by a plain int in range not in the row."""
-        latest, new_latest, hints, cells = (
-            self.latest,
-            self.new_latest,
-            self.hints,
-            self.writes.cells,
-        )
-        group = self.group
-        limit, width, ring = group.id_limit, group.width, group.kind == "ring"
-        written = cell_count = 0
+        latest, hints, limit = self.latest, self.hints, self.group.id_limit
         for row in changed:
             ids = column[row]
             if keys[row] is None:
@@ -718,20 +710,9 @@ class _GroupPlanner:
                     new = base[:]
                     new[p] = _INTERNED[x] if 0 <= x < INTERNED_IDS else x
                     if (same or ids == new) and 0 <= x < limit and x not in base:
-                        n = len(new)
-                        new_latest[row] = new
-                        hints[row] = p + 1 if p + 1 < n else 0
-                        written += 1
-                        if ring:
-                            cells.append(((row, slice(p, width, n)), x))
-                            cell_count += (width - 1 - p) // n + 1
-                        else:
-                            cells.append(((row, p), x))
-                            cell_count += 1
+                        self._set_one(row, new, p, x)
                         continue
             self.occupant(row, ids, None, base)
-        self.rows_written += written
-        self.cell_count += cell_count
 
     def padding(self, row: int, ids: list[int]) -> None:
         """A padding row: its ids are the caller's own, written as they are."""
@@ -787,7 +768,9 @@ class _GroupPlanner:
                         and 0 <= x < group.id_limit
                         and x not in base
                     ):
-                        self._set_one(row, base, p, x)
+                        new = base[:]
+                        new[p] = _INTERNED[x] if x < INTERNED_IDS else x
+                        self._set_one(row, new, p, x)
                         return
         try:
             if base is not None and type(ops) is list and len(ops) == 1 and type(ops[0]) is list:
@@ -823,11 +806,9 @@ class _GroupPlanner:
         else:
             self.occupant(row, ids, src, base)
 
-    def _set_one(self, row: int, base: list[int], p: int, x: int) -> None:
-        """Position ``p`` of a row that stays in place gets ``x``, a checked new id not in the
-        row: one strided write (ring) or one cell (paged)."""
-        new = base[:]
-        new[p] = _INTERNED[x] if x < INTERNED_IDS else x
+    def _set_one(self, row: int, new: list[int], p: int, x: int) -> None:
+        """A row that stays in place now holds ``new``: its ids before, with ``x`` (a checked new
+        id, not in the row) at position ``p``. One strided write (ring) or one cell (paged)."""
         n, width = len(new), self.group.width
         self.new_latest[row] = new
         self.hints[row] = p + 1 if p + 1 < n else 0

@@ -28,22 +28,22 @@ class ArgSpec:
     shape: tuple[int, ...]
     dtype: torch.dtype
 
-    def check(self, value: object) -> None:
-        """Raise unless ``value`` is a tensor of this spec's shape and dtype.
+    def check(self, value: object, where: str | None = None) -> None:
+        """Raise unless ``value`` is a tensor of this spec's shape and dtype; errors name it
+        ``where`` (default: the argument's name).
 
         Raises:
-            TypeError: ``"{name} must be a torch.Tensor, got {type}"``, or ``"{name} must be
+            TypeError: ``"{where} must be a torch.Tensor, got {type}"``, or ``"{where} must be
                 {dtype}, got {dtype}"``.
-            ValueError: ``"{name} must have shape {shape}, got {shape}"``.
+            ValueError: ``"{where} must have shape {shape}, got {shape}"``.
         """
+        where = self.name if where is None else where
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{self.name} must be a torch.Tensor, got {type(value).__name__}")
+            raise TypeError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
         if value.dtype != self.dtype:
-            raise TypeError(f"{self.name} must be {self.dtype}, got {value.dtype}")
+            raise TypeError(f"{where} must be {self.dtype}, got {value.dtype}")
         if tuple(value.shape) != self.shape:
-            raise ValueError(
-                f"{self.name} must have shape {list(self.shape)}, got {list(value.shape)}"
-            )
+            raise ValueError(f"{where} must have shape {list(self.shape)}, got {list(value.shape)}")
 
 
 class KernelArgumentError(ValueError):

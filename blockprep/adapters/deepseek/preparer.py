@@ -1254,17 +1254,10 @@ def _adopted(
             raise ValueError(f"buffers[{s}] is missing {', '.join(missing)}")
         slot = {}
         for name in PREPARED_ARGUMENTS:
-            tensor, spec, where = given[name], specs[name], f"buffers[{s}][{name!r}]"
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"{where} must be a torch.Tensor, got {type(tensor).__name__}")
+            tensor, where = given[name], f"buffers[{s}][{name!r}]"
+            specs[name].check(tensor, where)  # a tensor of the recorded dtype and shape
             if tensor.device.type != "cpu":
                 raise ValueError(f"{where} must be a CPU tensor, got one on {tensor.device}")
-            if tensor.dtype != spec.dtype:
-                raise TypeError(f"{where} must be {spec.dtype}, got {tensor.dtype}")
-            if tuple(tensor.shape) != spec.shape:
-                raise ValueError(
-                    f"{where} must have shape {list(spec.shape)}, got {list(tensor.shape)}"
-                )
             if not tensor.is_contiguous():
                 raise ValueError(f"{where} must be contiguous")
             if tensor.requires_grad:
