@@ -1,10 +1,11 @@
 """The standard workloads of ``python -m blockprep bench`` as a pytest-benchmark suite.
 
 One benchmark group per workload, three benchmarks in it (``extra_info["impl"]``: pre-fix, fix,
-blockprep), each round one step of the workload's trace, so ``--benchmark-compare`` between two
-commits compares the same steps. Each workload's trace is first checked cell for cell across the
-three constructions (``blockprep.bench.runner.verify``), so a wrong construction never produces a
-number. Run with ``pytest bench/ --benchmark-only``.
+blockprep), each round one step of the workload's trace (received by the construction in the
+untimed setup: on the wire workloads, unpickling only the payload it consumes), so
+``--benchmark-compare`` between two commits compares the same steps. Each workload's trace is
+first checked cell for cell across the three constructions (``blockprep.bench.runner.verify``),
+so a wrong construction never produces a number. Run with ``pytest bench/ --benchmark-only``.
 """
 
 from __future__ import annotations
@@ -39,16 +40,19 @@ def test_workload(benchmark: Any, name: str, impl: str) -> None:
     first = next(items)
     make = workload.constructions[impl]
     if workload.cold:
-        benchmark.pedantic(
-            lambda stepper, item: stepper.step(item),
-            setup=lambda: ((make(), next(items)), {}),
-            rounds=STEPS,
-        )
+
+        def fresh() -> tuple[tuple[Any, Any], dict[str, Any]]:
+            stepper = make()
+            return (stepper, stepper.receive(next(items))), {}
+
+        benchmark.pedantic(lambda stepper, item: stepper.step(item), setup=fresh, rounds=STEPS)
         return
     stepper = make()
-    stepper.step(first)
+    stepper.step(stepper.receive(first))
     before = stepper.written()
-    benchmark.pedantic(stepper.step, setup=lambda: ((next(items),), {}), rounds=STEPS)
+    benchmark.pedantic(
+        stepper.step, setup=lambda: ((stepper.receive(next(items)),), {}), rounds=STEPS
+    )
     after = stepper.written()
     if before is not None and after is not None:  # None: the construction does not count
         benchmark.extra_info["rows_written_per_step"] = (after[0] - before[0]) / STEPS

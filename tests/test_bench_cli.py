@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import pickle
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from blockprep.bench.runner import (
 )
 from blockprep.bench.workloads import (
     CONSTRUCTIONS,
+    DeepSeekStep,
+    Stepper,
     Workload,
     deepseek_wire_trace,
     standard_workloads,
@@ -133,11 +136,25 @@ def test_round_trip_workloads_run_and_verify(tmp_path: Path, capsys: Any) -> Non
 def test_the_wire_trace_round_trips_into_alternate_slots() -> None:
     items = list(deepseek_wire_trace(3, 0))
     assert [item.slot for item in items] == [0, 1, 0, 1]
-    assert all(len(item.batch.request_ids) == 64 for item in items)
-    first, second = (item.batch.block_ids_by_group for item in items[:2])
+    batches = [pickle.loads(item.batch) for item in items]
+    assert all(len(batch.request_ids) == 64 for batch in batches)
+    first, second = (batch.block_ids_by_group for batch in batches[:2])
     assert all(a["ori"] is not b["ori"] for a, b in zip(first, second, strict=True))
     big = [i for groups in first for i in groups["csa_state"] if i > 256]
     assert big and all(type(i) is int for i in big)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v4-wire-delta", "qwen3-14b-wire-b16"])
+def test_each_construction_receives_only_the_payload_it_consumes(name: str) -> None:
+    workload = standard_workloads()[name]
+    item = next(workload.trace(1, 0))
+    received = {c: make().receive(item) for c, make in workload.constructions.items()}
+    for construction, value in received.items():
+        batch = value.batch if isinstance(value, DeepSeekStep) else value
+        full = construction != "blockprep"
+        assert (batch.block_deltas is None) == full
+        assert bool(batch.block_ids_by_group or batch.block_ids) == full
+    assert received["pre-fix"] is not received["fix"]
 
 
 def test_plot_without_matplotlib_says_how_to_install(monkeypatch: Any, capsys: Any) -> None:
@@ -151,7 +168,7 @@ def test_plot_without_matplotlib_says_how_to_install(monkeypatch: Any, capsys: A
     assert "pip install 'blockprep[plot]'" in capsys.readouterr().err
 
 
-class _Broken:
+class _Broken(Stepper):
     """A construction that gets one cell wrong on the third step."""
 
     def __init__(self) -> None:

@@ -38,7 +38,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from blockprep import reference as ref
 from blockprep.grouped import (
     BLOCK_RENDER_MIN_ROWS,
-    MAX_REPLAY_STEPS,
     BlockIdTypeError,
     BlockIdValueError,
     GroupedTables,
@@ -424,7 +423,7 @@ class GroupedEngine(RuleBasedStateMachine):
     )
     def ping_pong_step(self, mutations: list[str], slot: int, form: str, seed: int) -> None:
         """A second step rule (steps are most of what an engine does), into slot 0 or 1 only: with
-        three slots, slot 2 falls behind, often by more than ``MAX_REPLAY_STEPS``."""
+        three slots, slot 2 falls behind, often by many steps."""
         self.run_step(mutations, slot % 2, form, False, seed)
 
     @rule(
@@ -720,13 +719,14 @@ def test_stats_count_rows_not_places() -> None:
     stats = gt.stats(0)["pages"]
     assert (stats.hits, stats.misses, stats.cells_written) == (2, 1, 2)
     assert_slot(gt, 0, rows)
-    # Two requests swap rows: two rows written (copied), one left alone.
+    # Two requests swap rows: two rows written where they differ ([7, 2, 8] over [4]: three
+    # cells, and back), one left alone.
     gt.reset_stats()
     keys = ["b", "a", "c"]
     rows = [[rows[0][1], rows[0][0], rows[0][2]]]
     step(gt, rows, keys)
     stats = gt.stats(0)["pages"]
-    assert (stats.hits, stats.misses, stats.cells_written) == (1, 2, 2 * PAGED.width)
+    assert (stats.hits, stats.misses, stats.cells_written) == (1, 2, 6)
     assert_slot(gt, 0, rows)
     # They swap back, one of them changed in one place: still two rows written.
     gt.reset_stats()
@@ -735,7 +735,7 @@ def test_stats_count_rows_not_places() -> None:
     rows[0][0][1] = 9
     step(gt, rows, keys)
     stats = gt.stats(0)["pages"]
-    assert (stats.hits, stats.misses, stats.cells_written) == (1, 2, 2 * PAGED.width + 1)
+    assert (stats.hits, stats.misses, stats.cells_written) == (1, 2, 6)
     assert_slot(gt, 0, rows)
 
 
@@ -784,7 +784,7 @@ def test_two_slots_alternating_each_equal_their_own_rows() -> None:
 
 @pytest.mark.parametrize(
     "behind",
-    [1, MAX_REPLAY_STEPS - 1, MAX_REPLAY_STEPS, MAX_REPLAY_STEPS + 1, 3 * MAX_REPLAY_STEPS],
+    [1, 7, 8, 9, 24],
 )
 def test_slot_left_behind_catches_up(behind: int) -> None:
     groups = [RING, PAGED]
@@ -807,9 +807,8 @@ def test_slot_left_behind_catches_up(behind: int) -> None:
     step(gt, rows, keys, 2)
     assert_slot(gt, 2, rows)
     assert_latest(gt, rows)
-    if behind >= MAX_REPLAY_STEPS + 1:  # re-rendered from the latest ids: every cell once
-        for g in groups:
-            assert gt.stats(2)[g.name].cells_written == 4 * g.width
+    for g in groups:  # however far behind, each row is written at most once
+        assert gt.stats(2)[g.name].cells_written <= 4 * g.width
 
 
 @pytest.mark.parametrize("which", [0, None])

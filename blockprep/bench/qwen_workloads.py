@@ -1,9 +1,9 @@
 """Qwen3 decode preparation fed the way upstream's worker receives a batch: through a pickle round
 trip (new lists of new ints every step), with churn; blockprep gets block-list deltas
 (:mod:`blockprep.wire`, encoded on the scheduler side, untimed), upstream's constructions the full
-lists. Also a port of vLLM V1's per-step host lines for the same job, for comparison at 256
-requests (:class:`VllmHostLines`; not one of the runner's constructions, its tables keep stale
-tails)."""
+lists, each construction unpickling only its own (untimed, in its ``receive``). Also a port of
+vLLM V1's per-step host lines for the same job, for comparison at 256 requests
+(:class:`VllmHostLines`; not one of the runner's constructions, its tables keep stale tails)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,13 @@ from blockprep import reference
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.batch import DecodeBatch
 from blockprep.bench.vllm_port import PortBlockTable
-from blockprep.bench.workloads import QWEN_MAX_SEQ_LEN, QWEN_PAD, QWEN_PAGE_SIZE, Workload
+from blockprep.bench.workloads import (
+    QWEN_MAX_SEQ_LEN,
+    QWEN_PAD,
+    QWEN_PAGE_SIZE,
+    Stepper,
+    Workload,
+)
 from blockprep.wire import BlockDeltaEncoder
 
 QWEN_WIRE_CHURN = 0.005
@@ -30,19 +36,20 @@ _BUFFERS = ("token_ids", "seq_lens", "block_table", "slot_mapping")
 
 
 class QwenWireStep(NamedTuple):
-    """One step as each side receives it: full lists (upstream) and deltas (blockprep), and
-    what vLLM's scheduler output would carry (finished, new and each request's new pages)."""
+    """One step as each side receives it, each pickled on its own: full lists (upstream) and
+    deltas (blockprep) as a :class:`DecodeBatch`, and what vLLM's scheduler output would carry
+    (a dict: finished, new and each request's new pages)."""
 
-    by_value: DecodeBatch
-    deltas: DecodeBatch
-    vllm: dict[str, Any]
+    by_value: bytes
+    deltas: bytes
+    vllm: bytes
 
 
 def qwen_wire_trace(batch: int, steps: int, seed: int) -> Iterator[QwenWireStep]:
     """``steps + 1`` steps of ``batch`` requests around sequence length 3338 (page 128), a page
     appended every 128 tokens, each request finishing with chance ``QWEN_WIRE_CHURN`` a step and
-    a new one (a prompt of 1000-3800 tokens) taking its row; each step through a pickle round
-    trip."""
+    a new one (a prompt of 1000-3800 tokens) taking its row; each step's three forms pickled
+    (a consumer unpickles the one it takes, untimed)."""
     rng = random.Random(seed)
     free = list(range(batch * 2 * QWEN_MAX_SEQ_LEN // QWEN_PAGE_SIZE))
     rng.shuffle(free)
@@ -87,7 +94,7 @@ def qwen_wire_trace(batch: int, steps: int, seed: int) -> Iterator[QwenWireStep]
             seq_lens=torch.tensor(seq_lens),
             block_deltas=encoder.encode(ids, pages),
         )
-        yield pickle.loads(pickle.dumps(QwenWireStep(full, delta, vllm)))
+        yield QwenWireStep(pickle.dumps(full), pickle.dumps(delta), pickle.dumps(vllm))
         for i, request in enumerate(requests):
             if rng.random() < QWEN_WIRE_CHURN or request[1] >= QWEN_MAX_SEQ_LEN:
                 free.extend(request[2])
@@ -98,12 +105,16 @@ def qwen_wire_trace(batch: int, steps: int, seed: int) -> Iterator[QwenWireStep]
                     request[2].append(free.pop())
 
 
-class _ReferenceStepper:
+class _ReferenceStepper(Stepper):
     def __init__(self, prep: reference.QwenDecodeBuffers, batch: int) -> None:
         self.prep, self._batch, self._steps = prep, batch, 0
 
-    def step(self, item: QwenWireStep) -> None:
-        self.prep.prepare(item.by_value)  # type: ignore[attr-defined]
+    def receive(self, item: QwenWireStep) -> DecodeBatch:
+        batch: DecodeBatch = pickle.loads(item.by_value)
+        return batch
+
+    def step(self, item: DecodeBatch) -> None:
+        self.prep.prepare(item)  # type: ignore[attr-defined]
         self._steps += 1
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
@@ -114,13 +125,17 @@ class _ReferenceStepper:
         return self._batch * self._steps, self._batch * width * self._steps
 
 
-class _DeltaStepper:
+class _DeltaStepper(Stepper):
     def __init__(self, batch: int, by_value: bool = False) -> None:
         self.preparer = QwenDecodePreparer(batch, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD)
         self._by_value = by_value
 
-    def step(self, item: QwenWireStep) -> None:
-        self._last = self.preparer.prepare(item.by_value if self._by_value else item.deltas)
+    def receive(self, item: QwenWireStep) -> DecodeBatch:
+        batch: DecodeBatch = pickle.loads(item.by_value if self._by_value else item.deltas)
+        return batch
+
+    def step(self, item: DecodeBatch) -> None:
+        self._last = self.preparer.prepare(item)
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
         return {name: getattr(self._last, name).numpy() for name in _BUFFERS}
@@ -257,8 +272,8 @@ class VllmHostLines:
 def compare_with_vllm(batch: int, steps: int, seed: int = 0) -> dict[str, float]:
     """Median microseconds a step of blockprep's Qwen preparer (deltas, and full lists) and of
     :class:`VllmHostLines` on :func:`qwen_wire_trace`, interleaved step by step on one torch
-    thread with the garbage collector off; their seq_lens, slots and tokens are compared on
-    every step first."""
+    thread with the garbage collector off, each unpickling its own form of a step just before
+    it (untimed); their seq_lens, slots and tokens are compared on every step."""
     import gc
     import time
 
@@ -266,14 +281,13 @@ def compare_with_vllm(batch: int, steps: int, seed: int = 0) -> dict[str, float]
     deltas = QwenDecodePreparer(batch, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD)
     by_value = QwenDecodePreparer(batch, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD)
     vllm = VllmHostLines(batch, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE)
-    lanes: dict[str, Callable[[QwenWireStep], object]] = {
-        "blockprep deltas": lambda item: deltas.prepare(item.deltas),
-        "blockprep full lists": lambda item: by_value.prepare(item.by_value),
-        "vllm host lines": lambda item: vllm.step(item.vllm),
+    lanes: dict[str, tuple[Callable[[QwenWireStep], bytes], Callable[[Any], object]]] = {
+        "blockprep deltas": (lambda item: item.deltas, deltas.prepare),
+        "blockprep full lists": (lambda item: item.by_value, by_value.prepare),
+        "vllm host lines": (lambda item: item.vllm, vllm.step),
     }
-    for item in trace[:1]:
-        for run in lanes.values():
-            run(item)
+    for form, run in lanes.values():
+        run(pickle.loads(form(trace[0])))
     times: dict[str, list[int]] = {name: [] for name in lanes}
     threads, was_enabled = torch.get_num_threads(), gc.isenabled()
     torch.set_num_threads(1)
@@ -283,8 +297,10 @@ def compare_with_vllm(batch: int, steps: int, seed: int = 0) -> dict[str, float]
             names = list(lanes)
             names = names[index % 3 :] + names[: index % 3]
             for name in names:
+                form, run = lanes[name]
+                received = pickle.loads(form(item))  # off the wire: untimed
                 start = time.perf_counter_ns()
-                lanes[name](item)
+                run(received)
                 times[name].append(time.perf_counter_ns() - start)
             inputs = deltas._inputs(batch)
             if not (

@@ -9,8 +9,10 @@ Timing (:func:`time_workload`) runs with the garbage collector off and one torch
 round: each construction keeps its own stepper and its own trace, and round ``k`` times one step
 of each, starting with construction ``k % 3``, so a slow spell of the machine lands on all of them
 alike and none always runs right after the same other. Each step is timed alone
-(``perf_counter_ns``, the prepare call only: making a step's input is not timed), so medians and
-percentiles are per step. :func:`summarize` turns one or more such runs into results: the median
+(``perf_counter_ns``, the prepare call only: making a step's input is not timed, nor is the
+construction's :meth:`~blockprep.bench.workloads.Stepper.receive` of it, made just before its
+step: on the wire workloads, unpickling only the payload that construction consumes), so medians
+and percentiles are per step. :func:`summarize` turns one or more such runs into results: the median
 of the per-run medians, percentiles over every run's steps, and each run's speed-ups.
 """
 
@@ -93,12 +95,12 @@ class Result:
 
 
 def verify(workload: Workload, steps: int, seed: int) -> None:
-    """Run the trace through every construction in lockstep, comparing all buffers after every
-    step."""
+    """Run the trace through every construction in lockstep (each receiving, then preparing, each
+    item), comparing all buffers after every step."""
     steppers = {name: make() for name, make in workload.constructions.items()}
     for index, item in enumerate(workload.trace(steps, seed)):
         for stepper in steppers.values():
-            stepper.step(item)
+            stepper.step(stepper.receive(item))
         expected = steppers[BASELINE].buffers()
         for name, stepper in steppers.items():
             for buffer, actual in stepper.buffers().items():
@@ -147,19 +149,21 @@ class _Lane:
         self._stepper = make()
         first = next(self._trace)
         if not self._cold:
-            self._stepper.step(first)
+            self._stepper.step(self._stepper.receive(first))
         # Cold: the sum of every fresh stepper's count; steady: minus the count before timing.
         before = (0, 0) if self._cold else self._stepper.written()
         self._written: Written = None if before is None else (-before[0], -before[1])
         self._durations: list[int] = []
 
     def time_next(self) -> None:
-        """Time the trace's next input (on a fresh stepper when cold)."""
+        """Time the trace's next input (on a fresh stepper when cold), received untimed just
+        before its step."""
         item = next(self._trace)
         if self._cold:
             self._stepper = self._make()
+        received = self._stepper.receive(item)
         start = time.perf_counter_ns()
-        self._stepper.step(item)
+        self._stepper.step(received)
         self._durations.append(time.perf_counter_ns() - start)
         if self._cold:
             self._written = _plus(self._written, self._stepper.written())

@@ -2,8 +2,10 @@
 
 A workload's constructions are upstream's before its fix (``pre-fix``), upstream's fix (``fix``)
 and blockprep (``blockprep``), all fed the same precomputed trace. Every construction is a
-:class:`Stepper`: it takes one step's input and exposes the buffers it wrote, so the runner can
-check that all three agree cell for cell before it times anything, and counts what it wrote.
+:class:`Stepper`: it receives one step's input (untimed; on the wire workloads the trace carries
+pickled bytes and each construction unpickles only the payload it consumes), prepares it and
+exposes the buffers it wrote, so the runner can check that all three agree cell for cell before
+it times anything, and counts what it wrote.
 """
 
 from __future__ import annotations
@@ -40,8 +42,14 @@ CONSTRUCTIONS = ("pre-fix", "fix", "blockprep")
 class Stepper(Protocol):
     """One construction of one workload, with its own persistent buffers."""
 
+    def receive(self, item: Any) -> Any:
+        """What :meth:`step` is given for the trace's ``item``, made just before it and untimed:
+        the transfer, not the preparation (on the wire workloads, the payload this construction
+        consumes, unpickled); ``item`` itself by default."""
+        return item
+
     def step(self, item: Any) -> None:
-        """Prepare one step's input."""
+        """Prepare one step's input (what :meth:`receive` made of the trace's item)."""
 
     def buffers(self) -> dict[str, npt.NDArray[Any]]:
         """The buffers the step wrote, by name, as NumPy arrays (views, not copies)."""
@@ -58,7 +66,8 @@ class Workload:
     ``trace(steps, seed)`` yields ``steps + 1`` step inputs, lazily, as a scheduler would: the
     same sequence on every call, each input made just before it is prepared (and it may be
     mutated once the next one is made, like a scheduler's live page lists); every construction
-    gets a trace of its own. The first input warms the constructions up and is not timed, unless
+    gets a trace of its own, and :meth:`Stepper.receive` makes its step's input from each item.
+    The first input warms the constructions up and is not timed, unless
     ``cold``, where every timed step runs on a fresh construction. ``rows`` and ``cells`` are the
     block-table rows and cells one full rewrite writes (the memory floor is the time to copy
     ``cells`` int32 values). ``description`` names the conditions the workload assumes.
@@ -74,7 +83,7 @@ class Workload:
     quick: bool = True
 
 
-class _FullRewrite(abc.ABC):
+class _FullRewrite(Stepper, abc.ABC):
     """A construction that rewrites every table row and cell each step: ``rows`` and ``cells``
     a step, counted by :meth:`step` around the subclass's :meth:`_prepare`."""
 
@@ -99,12 +108,22 @@ class _FullRewrite(abc.ABC):
 
 
 class _BuilderStepper(_FullRewrite):
-    """A stateless builder rebuilding the whole table from the step's rows."""
+    """A stateless builder rebuilding the whole table from the step's rows (``wire``: each item
+    the rows pickled, unpickled by :meth:`receive`)."""
 
-    def __init__(self, build: Callable[[Any, torch.Tensor], torch.Tensor], shape: tuple[int, int]):
+    def __init__(
+        self,
+        build: Callable[[Any, torch.Tensor], torch.Tensor],
+        shape: tuple[int, int],
+        wire: bool = False,
+    ):
         super().__init__(shape[0], shape[0] * shape[1])
         self._build = build
         self._out = torch.empty(shape, dtype=torch.int32)
+        self._wire = wire
+
+    def receive(self, item: Any) -> Any:
+        return pickle.loads(item) if self._wire else item
 
     def _prepare(self, item: Any) -> None:
         self._build(item, self._out)
@@ -123,10 +142,12 @@ def _same_rows(rows: int, lengths: Callable[[random.Random], int]) -> Callable[[
     return trace
 
 
-def _rebuild(builder: Callable[..., torch.Tensor], rows: int, width: int) -> Callable[[], Stepper]:
+def _rebuild(
+    builder: Callable[..., torch.Tensor], rows: int, width: int, wire: bool = False
+) -> Callable[[], Stepper]:
     """An upstream builder as upstream used it: build the table, copy it into the buffer."""
     return lambda: _BuilderStepper(
-        lambda ids, out: out.copy_(builder(ids, max_blocks=width)), (rows, width)
+        lambda ids, out: out.copy_(builder(ids, max_blocks=width)), (rows, width), wire
     )
 
 
@@ -167,20 +188,20 @@ def ring_rotation_trace(
     rotate: bool = True,
     ordered: bool = True,
     wire: bool = False,
-) -> Iterator[list[list[int]]]:
+) -> Iterator[list[list[int]] | bytes]:
     """``steps + 1`` states of ``rows`` ring rows of ``ring`` ids (live lists, rotated in place):
     step s rotates one slot of each row r with ``(r + s) % 4 == 0`` to a fresh page from a free
     queue, in slot order (``ordered=False``: a slot drawn at random, never the one after the
     slot that rotated last, as a scheduler that rotates out of order); with ``rotate=False``
-    nothing changes between steps. ``wire``: each state through a pickle round trip (new lists
-    of new ints, made here, so never timed)."""
+    nothing changes between steps. ``wire``: each state pickled (bytes), for each construction
+    to unpickle into new lists of new ints (untimed, in its :meth:`Stepper.receive`)."""
     rng = random.Random(seed)
     pool = list(range(rows * ring * 4))
     rng.shuffle(pool)
     table = [[pool.pop() for _ in range(ring)] for _ in range(rows)]
     free = collections.deque(pool)
     next_slot = [0] * rows
-    yield pickle.loads(pickle.dumps(table)) if wire else table
+    yield pickle.dumps(table) if wire else table
     for step in range(1, steps + 1):
         for r in range(rows):
             if rotate and (r + step) % 4 == 0:
@@ -190,12 +211,16 @@ def ring_rotation_trace(
                 free.append(table[r][slot])
                 table[r][slot] = free.popleft()
                 next_slot[r] = (slot + 1) % ring
-        yield pickle.loads(pickle.dumps(table)) if wire else table
+        yield pickle.dumps(table) if wire else table
 
 
-class _BlockTableStepper:
-    def __init__(self, rows: int, width: int) -> None:
+class _BlockTableStepper(Stepper):
+    def __init__(self, rows: int, width: int, wire: bool = False) -> None:
         self.table = BlockTable(rows, width, kind="ring")
+        self._wire = wire
+
+    def receive(self, item: Any) -> Any:
+        return pickle.loads(item) if self._wire else item
 
     def step(self, item: Any) -> None:
         self.table.write_rows(item)
@@ -230,9 +255,9 @@ def _block_table_workload(
             rows, ring, steps, seed, rotate=not idle, ordered=ordered, wire=wire
         ),
         {
-            "pre-fix": _rebuild(reference.ring_block_table_repeat, rows, width),
-            "fix": _rebuild(reference.ring_block_table_gather, rows, width),
-            "blockprep": lambda: _BlockTableStepper(rows, width),
+            "pre-fix": _rebuild(reference.ring_block_table_repeat, rows, width, wire),
+            "fix": _rebuild(reference.ring_block_table_gather, rows, width, wire),
+            "blockprep": lambda: _BlockTableStepper(rows, width, wire),
         },
         rows,
         rows * width,
@@ -283,7 +308,7 @@ class _QwenReferenceStepper(_FullRewrite):
         return {name: getattr(self.prep, name).numpy() for name in _QWEN_BUFFERS}
 
 
-class _QwenStepper:
+class _QwenStepper(Stepper):
     def __init__(self) -> None:
         self.preparer = QwenDecodePreparer(QWEN_BATCH, QWEN_MAX_SEQ_LEN, QWEN_PAGE_SIZE, QWEN_PAD)
 
@@ -321,12 +346,29 @@ DS_SHAPE = f"{DS_RANKS} ranks x {DS_BATCH} rows, 56 tables"
 
 
 class DeepSeekStep(NamedTuple):
-    """One DeepSeek V4 step input: the batch and the buffer slot it is prepared into; ``delta``:
-    the same batch carrying a :mod:`blockprep.wire` message instead of its block lists."""
+    """One DeepSeek V4 step input: the batch and the buffer slot it is prepared into."""
 
     batch: DecodeBatch
     slot: int
-    delta: DecodeBatch | None = None
+
+
+class DeepSeekWireStep(NamedTuple):
+    """One DeepSeek V4 step as the wire carries it: the batch pickled, the slot, and ``delta``:
+    the same batch carrying a :mod:`blockprep.wire` message instead of its block lists, pickled
+    on its own (``None`` where the trace sends none)."""
+
+    batch: bytes
+    slot: int
+    delta: bytes | None = None
+
+
+def _receive(item: DeepSeekStep | DeepSeekWireStep, delta: bool = False) -> DeepSeekStep:
+    """A wire step's batch (``delta``: its delta batch) unpickled; a live step as it is."""
+    if isinstance(item, DeepSeekStep):
+        return item
+    payload = item.delta if delta else item.batch
+    assert payload is not None
+    return DeepSeekStep(pickle.loads(payload), item.slot)
 
 
 def deepseek_steady_sim(seed: int, **options: Any) -> DeepSeekV4SchedulerSim:
@@ -381,22 +423,22 @@ def deepseek_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
         yield DeepSeekStep(sim.step(), 0)
 
 
-def deepseek_wire_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
+def deepseek_wire_trace(steps: int, seed: int) -> Iterator[DeepSeekWireStep]:
     """``steps + 1`` consecutive batches of :func:`deepseek_wire_sim` after ``DS_WARMUP`` steps,
-    each through a pickle round trip (new lists of new int objects, as upstream's msgpack queue
-    delivers them; made here, so never timed), step ``k`` into slot ``k % 2``."""
+    each pickled (each construction unpickles it into new lists of new int objects, as upstream's
+    msgpack queue delivers them, untimed in its :meth:`Stepper.receive`), step ``k`` into slot
+    ``k % 2``."""
     sim = deepseek_wire_sim(seed)
     for _ in range(DS_WARMUP):
         sim.step()
     for index in range(steps + 1):
-        batch = pickle.loads(pickle.dumps(sim.step()))
-        yield DeepSeekStep(batch, index % WIRE_SLOTS)
+        yield DeepSeekWireStep(pickle.dumps(sim.step()), index % WIRE_SLOTS)
 
 
-def deepseek_wire_delta_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
+def deepseek_wire_delta_trace(steps: int, seed: int) -> Iterator[DeepSeekWireStep]:
     """:func:`deepseek_wire_trace`'s batches, each also encoded on the scheduler side by a
-    :class:`~blockprep.wire.BlockDeltaEncoder` into a batch carrying only what changed; both
-    through a pickle round trip (made here, so never timed)."""
+    :class:`~blockprep.wire.BlockDeltaEncoder` into a batch carrying only what changed, pickled
+    on its own: the rebuilds unpickle the full batch, blockprep only the delta one."""
     sim = deepseek_wire_sim(seed)
     encoder = BlockDeltaEncoder()
     for _ in range(DS_WARMUP):
@@ -405,8 +447,7 @@ def deepseek_wire_delta_trace(steps: int, seed: int) -> Iterator[DeepSeekStep]:
         batch = sim.step()
         message = encoder.encode(batch.request_ids, batch.block_ids_by_group)
         delta = dataclasses.replace(batch, block_ids_by_group=[], block_deltas=message)
-        full, delta = pickle.loads(pickle.dumps((batch, delta)))
-        yield DeepSeekStep(full, index % WIRE_SLOTS, delta)
+        yield DeepSeekWireStep(pickle.dumps(batch), index % WIRE_SLOTS, pickle.dumps(delta))
 
 
 def _idle_batch(layout: DeepSeekV4Layout) -> DecodeBatch:
@@ -461,6 +502,9 @@ class _DeepSeekRebuildStepper(_FullRewrite):
         self._out = [{name: t.clone() for name, t in template.items()} for _ in range(slots)]
         self._slot = 0
 
+    def receive(self, item: DeepSeekStep | DeepSeekWireStep) -> DeepSeekStep:
+        return _receive(item)
+
     def _prepare(self, item: DeepSeekStep) -> None:
         _deepseek_rebuild(self._layout, item.batch, self._out[item.slot], fix=self._fix)
         self._slot = item.slot
@@ -469,7 +513,7 @@ class _DeepSeekRebuildStepper(_FullRewrite):
         return {name: tensor.numpy() for name, tensor in self._out[self._slot].items()}
 
 
-class _DeepSeekStepper:
+class _DeepSeekStepper(Stepper):
     """``DeepSeekV4DecodePreparer.prepare`` into the step's slot; :meth:`buffers` are the views
     of the slot last prepared."""
 
@@ -477,6 +521,9 @@ class _DeepSeekStepper:
         self.preparer = DeepSeekV4DecodePreparer(layout, buffer_slots=slots)
         self.slots = slots
         self.inputs: DeepSeekV4DecodeInputs | None = None
+
+    def receive(self, item: DeepSeekStep | DeepSeekWireStep) -> DeepSeekStep:
+        return _receive(item)
 
     def step(self, item: DeepSeekStep) -> None:
         self.inputs = self.preparer.prepare(item.batch, buffer_slot=item.slot)
@@ -499,11 +546,11 @@ class _DeepSeekStepper:
 
 
 class _DeepSeekDeltaStepper(_DeepSeekStepper):
-    """The preparer fed each step's delta batch (``DeepSeekStep.delta``)."""
+    """The preparer fed each step's delta batch (``DeepSeekWireStep.delta``, the only payload it
+    unpickles)."""
 
-    def step(self, item: DeepSeekStep) -> None:
-        assert item.delta is not None
-        self.inputs = self.preparer.prepare(item.delta, buffer_slot=item.slot)
+    def receive(self, item: DeepSeekStep | DeepSeekWireStep) -> DeepSeekStep:
+        return _receive(item, delta=True)
 
 
 def _table_cells(layout: DeepSeekV4Layout) -> int:
@@ -513,7 +560,7 @@ def _table_cells(layout: DeepSeekV4Layout) -> int:
 def _deepseek_workload(
     name: str,
     description: str,
-    trace: Callable[[int, int], Iterator[DeepSeekStep]],
+    trace: Callable[[int, int], Iterator[DeepSeekStep | DeepSeekWireStep]],
     layout: DeepSeekV4Layout,
     slots: int,
     *,

@@ -1,0 +1,383 @@
+"""The table kernel in pure Python and NumPy: the specification of ``_kernel.c``, and the fallback.
+
+One :class:`GroupKernel` holds one cache group's persistent state: per table row the ids the row
+holds as of the latest commit (``None``: unknown), and per buffer slot a *mark* per row saying
+which cells of that slot's table may differ from a render of those ids. It has three steps:
+
+- :meth:`GroupKernel.stage`: check the rows of a step against what they hold and decide what
+  changes (a *plan*); touches nothing persistent, so a fault leaves everything as it was. A fault
+  is returned as ``(code, row, value)``, never raised: the caller words the error.
+- :meth:`GroupKernel.commit`: take a plan as the latest ids, mark its rows in every slot, then
+  render the marked rows of one slot into that slot's table. Cannot fail on a plan it staged.
+- :meth:`GroupKernel.invalidate`, :meth:`GroupKernel.reset`: forget what a slot's table holds, or
+  everything.
+
+The compiled kernel has the same class, the same signatures and the same results (buffers, held
+ids, counters, faults); its plans are its own (a ``bytes`` of int32 records), as the twin's are
+its own. ``tests/test_engine_differential.py`` drives both with the same steps.
+
+The rules, for a visited row ``r`` with source ``src = srcs[r]`` (``PADDING``, ``NEW``, or the
+row whose held ids the row's request held, ``r`` itself when it stayed):
+
+1. *Ids.* Position ``p`` is unchanged when the request held an id there equal to ``ids[p]``
+   (an exact ``int`` compared by value; anything else by ``==``, an exception counting as not
+   equal): the held id is taken. Every other id is *changed*: a plain ``int`` as it is, anything
+   else through ``convert(x)`` (an ``int``, or ``None``: fault ``TYPE`` naming ``x``).
+2. *Length*: a request's row holds ``shortest..width`` ids (fault ``LENGTH``, value ``n``); a
+   padding row ``1..width`` (ring) or ``0..width`` (paged).
+3. *Range*: every changed id of a request's row in ``[0, limit)`` (fault ``RANGE``); of a padding
+   row in int32 (fault ``PAD_RANGE``).
+4. *Repeats*: a request's row holds no id twice (fault ``REPEAT`` with the first id, in position
+   order, seen earlier in the row).
+
+Faults come in that order within a row, rows in visit order. A row that holds exactly the ids it
+held is no change. Otherwise the slot marks say what to write: the positions that differ (a ring
+slot is the strided columns ``p, p + n, ...``; a paged position one cell, ``pad`` past the ids),
+at most ``MAX_POSITIONS`` of them; else a paged range ``[lo, hi)``; else the whole row.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Sequence
+from itertools import compress
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from blockprep.tiling import tile_rows
+
+PADDING, NEW = -2, -1
+"""``srcs`` values besides a row index: a padding row (trusted ids), a request new to the table."""
+TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE = 1, 2, 3, 4, 5
+"""Fault codes."""
+CLEAN, POSITIONS, SPAN, WHOLE = 0, 1, 2, 3
+"""Slot marks: nothing to write, some positions, a paged range, the whole row."""
+MAX_POSITIONS = 4
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+Fault = tuple[int, int, object]
+Mark = tuple[int, tuple[int, ...]]  # (mode, positions) or (SPAN, (lo, hi)) or (WHOLE, ())
+_Change = tuple[int, list[int], Mark]  # row, its new ids, its mark
+
+
+class GroupKernel:
+    """One group's held ids and per-slot marks (see the module docstring).
+
+    Args: ``ring`` (else paged), ``width`` table columns, ``limit`` ids of a request in
+    ``[0, limit)``, ``shortest`` fewest ids of a request's row, ``pad`` after a paged row's ids,
+    ``rows`` table rows, ``slots`` buffer slots. Every slot starts marked whole.
+    """
+
+    def __init__(
+        self, ring: bool, width: int, limit: int, shortest: int, pad: int, rows: int, slots: int
+    ) -> None:
+        _check_spec(ring, width, limit, shortest, pad, rows, slots)
+        self.ring, self.width, self.limit = bool(ring), width, limit
+        self.shortest, self.pad, self.rows, self.slots = shortest, pad, rows, slots
+        self._held: list[list[int] | None] = [None] * rows
+        self._marks: list[dict[int, Mark]] = [
+            dict.fromkeys(range(rows), (WHOLE, ())) for _ in range(slots)
+        ]
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def held(self, row: int) -> list[int] | None:
+        """A copy of the ids ``row`` holds (``None``: unknown)."""
+        ids = self._held[_index(row, self.rows, "row")]
+        return None if ids is None else ids[:]
+
+    def length(self, row: int) -> int:
+        """How many ids ``row`` holds (-1: unknown)."""
+        ids = self._held[_index(row, self.rows, "row")]
+        return -1 if ids is None else len(ids)
+
+    # --- stage ------------------------------------------------------------------------------------
+
+    def stage(
+        self,
+        rows: Sequence[int] | None,
+        lists: Sequence[list[Any]],
+        srcs: Sequence[int],
+        convert: Callable[[object], int | None],
+    ) -> tuple[list[_Change] | None, Fault | None]:
+        """Check and decide the visited rows (``rows``, ascending; ``None``: every row, and
+        ``lists`` has one list per table row); ``(plan, None)`` or ``(None, fault)``."""
+        if len(srcs) != self.rows:
+            raise ValueError(f"srcs must hold {self.rows} rows, got {len(srcs)}")
+        visit: Sequence[int] = range(self.rows) if rows is None else rows
+        if len(lists) != len(visit):
+            raise ValueError(f"lists must hold {len(visit)} rows, got {len(lists)}")
+        held = self._held
+        if rows is None:
+            try:  # the unchanged rows, found by one C-level comparison of the lists
+                differ = list(map(operator.ne, lists, held))
+            except Exception:  # an id that does not compare: every row decided by itself
+                differ = [True] * self.rows
+            visit = [
+                r
+                for r, d, s in zip(range(self.rows), differ, srcs, strict=True)
+                if d or s not in (r, PADDING)
+            ]
+            lists = [lists[r] for r in visit]
+        plan: list[_Change] = []
+        for i, r in enumerate(visit):
+            r = _index(r, self.rows, "row")
+            ids = lists[i]
+            if type(ids) is not list:
+                raise TypeError(f"row {r} must be a list, got {type(ids).__name__}")
+            src = srcs[r]
+            if not (src in (PADDING, NEW) or 0 <= src < self.rows):
+                raise ValueError(f"srcs[{r}] must be -2, -1 or a row, got {src}")
+            base = held[src] if src >= 0 else held[r] if src == PADDING else None
+            new, fault = self._checked(r, ids, base, src == PADDING, convert)
+            if fault is not None:
+                return None, fault
+            assert new is not None
+            mark = self._mark(held[r], new)
+            if mark is not None:
+                plan.append((r, new, mark))
+        return plan, None
+
+    def _checked(
+        self,
+        r: int,
+        ids: list[Any],
+        base: list[int] | None,
+        padding: bool,
+        convert: Callable[[object], int | None],
+    ) -> tuple[list[int] | None, Fault | None]:
+        """Row ``r``'s ids as plain ints, checked by the rules 1-4; or its first fault."""
+        n = len(ids)
+        base = base or []
+        m = len(base)
+        new: list[int] = []
+        changed: list[int] = []
+        for p in range(n):
+            x = ids[p]
+            if type(x) is int:
+                if p < m and x == base[p]:
+                    new.append(base[p])
+                    continue
+            else:  # a callback may run any code: the row must not change under it
+                equal = p < m and _equal(x, base[p])
+                if not equal:
+                    x = convert(x)
+                if len(ids) != n:
+                    raise RuntimeError(f"row {r} changed while it was planned")
+                if equal:
+                    new.append(base[p])
+                    continue
+                if type(x) is not int:
+                    return None, (TYPE, r, ids[p])
+            new.append(x)
+            changed.append(p)
+        if padding:
+            if n > self.width or (self.ring and n == 0):
+                return None, (LENGTH, r, n)
+            for p in changed:
+                if not INT32_MIN <= new[p] <= INT32_MAX:
+                    return None, (PAD_RANGE, r, new[p])
+            return new, None
+        if not self.shortest <= n <= self.width:
+            return None, (LENGTH, r, n)
+        for p in changed:
+            if not 0 <= new[p] < self.limit:
+                return None, (RANGE, r, new[p])
+        if changed and len(set(new)) != n:
+            seen = set()
+            for x in new:
+                if x in seen:
+                    return None, (REPEAT, r, x)
+                seen.add(x)
+        return new, None
+
+    def _mark(self, old: list[int] | None, new: list[int]) -> Mark | None:
+        """What a slot holding a render of ``old`` must write to hold a render of ``new``."""
+        if old is None:
+            return (WHOLE, ())
+        n, m = len(new), len(old)
+        if n == m:
+            if new == old:
+                return None
+            differ = list(compress(range(n), map(operator.ne, new, old)))
+        elif self.ring:
+            return (WHOLE, ())
+        else:
+            short = min(n, m)
+            differ = [*compress(range(short), map(operator.ne, new, old)), *range(short, max(n, m))]
+        if len(differ) <= MAX_POSITIONS:
+            return (POSITIONS, tuple(differ))
+        if self.ring:
+            return (WHOLE, ())
+        return (SPAN, (differ[0], differ[-1] + 1))
+
+    # --- commit -----------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        plan: list[_Change],
+        slot: int,
+        table: npt.NDArray[np.int32],
+        counts: npt.NDArray[np.int32],
+        column: int,
+        want_rows: bool,
+    ) -> tuple[int, int, list[int] | None]:
+        """Take ``plan`` as the latest ids (``counts[row, column]`` their lengths), mark its rows
+        in every slot, render slot ``slot``'s marked rows into ``table`` (int32 ``[rows,
+        width]``); ``(rows written, cells written, the rows when want_rows)``."""
+        slot = _index(slot, self.slots, "slot")
+        _check_array(table, (self.rows, self.width), "table")
+        _check_array(counts, (self.rows, None), "counts")
+        column = _index(column, counts.shape[1], "column")
+        if type(plan) is not list:
+            raise TypeError("plan must be a plan this kernel staged")
+        for r, new, mark in plan:
+            self._held[r] = new
+            counts[r, column] = len(new)
+            for marks in self._marks:
+                marks[r] = _merged(marks.get(r), mark, self.ring)
+        return self._render(self._marks[slot], table, want_rows)
+
+    def invalidate(self, slot: int) -> None:
+        """Mark every row of slot ``slot`` (every slot: -1) whole."""
+        targets = self._marks if slot == -1 else [self._marks[_index(slot, self.slots, "slot")]]
+        for marks in targets:
+            marks.update(dict.fromkeys(range(self.rows), (WHOLE, ())))
+
+    def reset(self) -> None:
+        """Forget every row's ids; every slot marked whole."""
+        self._held = [None] * self.rows
+        self.invalidate(-1)
+
+    def _render(
+        self, marks: dict[int, Mark], table: npt.NDArray[np.int32], want_rows: bool
+    ) -> tuple[int, int, list[int] | None]:
+        width, pad, held = self.width, self.pad, self._held
+        cells = 0
+        whole: list[int] = []
+        for r, (mode, where) in marks.items():
+            ids = held[r]
+            if mode == WHOLE:
+                whole.append(r)
+            elif self.ring:
+                assert ids is not None
+                n = len(ids)
+                for p in where:
+                    table[r, p::n] = ids[p]
+                    cells += len(range(p, width, n))
+            else:
+                assert ids is not None
+                n = len(ids)
+                span = where if mode == POSITIONS else range(where[0], where[1])
+                for p in span:
+                    table[r, p] = ids[p] if p < n else pad
+                cells += len(span)
+        if whole:
+            cells += len(whole) * width
+            self._render_whole(sorted(whole), table)
+        written = sorted(marks) if want_rows else None
+        count = len(marks)
+        marks.clear()
+        return count, cells, written
+
+    def _render_whole(self, rows: list[int], table: npt.NDArray[np.int32]) -> None:
+        """Rows rendered whole: ring rows of one length tiled in one block, paged rows one
+        block; unknown rows 0 (ring) or ``pad`` (paged)."""
+        held = self._held
+        if self.ring:
+            by_length: dict[int, list[int]] = {}
+            for r in rows:
+                by_length.setdefault(len(held[r] or ()), []).append(r)
+            for n, members in by_length.items():
+                if n == 0:
+                    table[members] = 0
+                    continue
+                ids = np.array([held[r] for r in members], dtype=np.int32)
+                block = np.empty((len(members), self.width), dtype=np.int32)
+                tile_rows(block, ids)
+                table[members] = block
+            return
+        lists = [held[r] or [] for r in rows]
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        block = np.full((len(rows), self.width), self.pad, dtype=np.int32)
+        flat = np.fromiter(
+            (x for ids in lists for x in ids), dtype=np.int32, count=int(lengths.sum())
+        )
+        block[np.arange(self.width) < lengths[:, None]] = flat
+        table[rows] = block
+
+
+def _merged(current: Mark | None, mark: Mark, ring: bool) -> Mark:
+    """A slot's mark for a row after another change of it."""
+    if current is None or current[0] == CLEAN:
+        return mark
+    if current[0] == WHOLE or mark[0] == WHOLE:
+        return (WHOLE, ())
+    if current[0] == POSITIONS and mark[0] == POSITIONS:
+        union = sorted(set(current[1]).union(mark[1]))
+        if len(union) <= MAX_POSITIONS:
+            return (POSITIONS, tuple(union))
+        if ring:
+            return (WHOLE, ())
+        return (SPAN, (union[0], union[-1] + 1))
+    lo, hi = _span(current)
+    lo2, hi2 = _span(mark)
+    return (SPAN, (min(lo, lo2), max(hi, hi2)))
+
+
+def _span(mark: Mark) -> tuple[int, int]:
+    mode, where = mark
+    if mode == SPAN:
+        return where[0], where[1]
+    return min(where), max(where) + 1
+
+
+def _equal(x: object, held: int) -> bool:
+    """Whether ``x == held`` (an exception: not equal)."""
+    try:
+        return bool(x == held)
+    except Exception:
+        return False
+
+
+def _index(value: object, size: int, name: str) -> int:
+    if type(value) is not int:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 <= value < size:
+        raise IndexError(f"{name} {value} out of range [0, {size})")
+    return value
+
+
+def _check_array(array: object, shape: tuple[int, int | None], name: str) -> None:
+    """``array``: a writable C-contiguous int32 NumPy array of ``shape`` (``None``: any)."""
+    if not isinstance(array, np.ndarray) or array.dtype != np.int32 or array.ndim != 2:
+        raise TypeError(f"{name} must be a 2-D int32 array")
+    if array.shape[0] != shape[0] or (shape[1] is not None and array.shape[1] != shape[1]):
+        raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
+    if not (array.flags.c_contiguous and array.flags.writeable):
+        raise ValueError(f"{name} must be C-contiguous and writable")
+
+
+def _check_spec(
+    ring: object, width: int, limit: int, shortest: int, pad: int, rows: int, slots: int
+) -> None:
+    for name, value in (
+        ("width", width),
+        ("limit", limit),
+        ("shortest", shortest),
+        ("pad", pad),
+        ("rows", rows),
+        ("slots", slots),
+    ):
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 < width <= INT32_MAX or not 0 < limit <= INT32_MAX + 1:
+        raise ValueError(
+            f"width must be in [1, 2**31) and limit in [1, 2**31], got {width}, {limit}"
+        )
+    if not 0 <= shortest <= width or not INT32_MIN <= pad <= INT32_MAX:
+        raise ValueError(f"shortest must be in [0, width] and pad an int32, got {shortest}, {pad}")
+    if rows < 0 or slots <= 0 or rows > INT32_MAX:
+        raise ValueError(f"rows must be non-negative and slots positive, got {rows}, {slots}")
