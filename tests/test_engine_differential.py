@@ -1,0 +1,256 @@
+"""Differential proof: the compiled table kernel and its pure-Python twin give the same results.
+
+A hypothesis state machine drives one ``_kernel.GroupKernel`` and one ``twin.GroupKernel`` of the
+same spec with the same calls: steps of valid and invalid rows interleaved (ids in and out of
+range, repeats, bools, floats, NumPy integers, 0-d arrays, ints beyond int64, non-ints equal to a
+held id, padding rows, moved and new requests, lengths out of bounds), commits into any slot,
+invalidations and resets. After every call both agree on everything observable: the fault
+(code, row, value), every held row, every slot's table and counts, the counters a commit returns;
+and every committed slot equals a rebuild of the held ids by :mod:`blockprep.reference` (an oracle
+independent of both). Long DeepSeek V4 scheduler traces drive two :class:`GroupedTables` faces, one
+on each kernel, and compare buffers and error texts step by step.
+
+The compiled kernel is imported directly, so this runs in the twin-forced pass too; it is skipped
+only where the extension was not built.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from blockprep import grouped
+from blockprep import reference as ref
+from blockprep.engine import twin
+from blockprep.grouped import GroupedTables, _convert
+
+compiled = pytest.importorskip("blockprep.engine._kernel")
+
+NEW, PADDING = twin.NEW, twin.PADDING
+
+
+def rebuild(ring: bool, width: int, pad: int, rows: list[list[int] | None]) -> np.ndarray:
+    """The reference table of the held rows (unknown rows: 0 for a ring, ``pad`` paged)."""
+    out = np.full((len(rows), width), 0 if ring else pad, dtype=np.int32)
+    for r, ids in enumerate(rows):
+        if ids is None or (ring and not ids):
+            continue
+        if ring:
+            out[r] = ref.ring_block_table_repeat([ids], max_blocks=width).numpy()[0]
+        else:
+            out[r] = ref.block_table_per_row([ids], max_blocks=width, pad=pad).numpy()[0]
+    return out
+
+
+def same_fault(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is b
+    return a[:2] == b[:2] and type(a[2]) is type(b[2]) and repr(a[2]) == repr(b[2])
+
+
+class KernelPair(RuleBasedStateMachine):
+    """The two kernels side by side (see the module docstring)."""
+
+    @initialize(
+        ring=st.booleans(),
+        width=st.integers(1, 12),
+        limit=st.integers(1, 40),
+        rows=st.integers(1, 5),
+        slots=st.integers(1, 3),
+        pad=st.sampled_from([0, -1, 7]),
+        data=st.data(),
+    )
+    def setup(
+        self, ring: bool, width: int, limit: int, rows: int, slots: int, pad: int, data: Any
+    ) -> None:
+        shortest = data.draw(st.integers(1 if ring else 0, min(width, 3)))
+        spec = (ring, width, limit, shortest, pad, rows, slots)
+        self.spec = spec
+        self.c = compiled.GroupKernel(*spec)
+        self.py = twin.GroupKernel(*spec)
+        self.ring, self.width, self.limit, self.pad = ring, width, limit, pad
+        self.rows, self.slots, self.shortest = rows, slots, shortest
+        fill = data.draw(st.integers(-5, 5))
+        self.tables = {k: [np.full((rows, width), fill, np.int32) for _ in range(slots)]
+                       for k in ("c", "py")}
+        self.counts = {k: np.zeros((rows, 2), np.int32) for k in ("c", "py")}
+        self.committed: list[list[list[int] | None] | None] = [None] * slots
+
+    def _id(self, data: Any, r: int, p: int) -> Any:
+        held = self.py.held(r)
+        choice = data.draw(st.integers(0, 14))
+        if choice <= 6:
+            return data.draw(st.integers(0, self.limit - 1))
+        if choice == 7 and held and p < len(held):  # a non-int equal to the held id
+            return data.draw(st.sampled_from([float(held[p]), np.int64(held[p]),
+                                              np.float64(held[p])]))
+        return data.draw(st.sampled_from([
+            -1, self.limit, 2**31, -(2**31) - 1, 2**70, -(2**70), True, 1.5, None, "3",
+            np.int32(min(self.limit - 1, 3)), np.array(1), torch.tensor(2), np.bool_(False),
+        ]))
+
+    def _row(self, data: Any, r: int) -> list[Any]:
+        held = self.py.held(r)
+        mode = data.draw(st.integers(0, 5))
+        if held is not None and mode <= 2:  # a small change of what it holds
+            ids = list(held)
+            for _ in range(data.draw(st.integers(0, 2))):
+                if ids and data.draw(st.booleans()):
+                    ids[data.draw(st.integers(0, len(ids) - 1))] = self._id(data, r, 0)
+                else:
+                    ids.append(self._id(data, r, len(ids)))
+            if ids and data.draw(st.booleans()):
+                ids.pop()
+            return ids
+        n = data.draw(st.integers(0, self.width + 1))
+        if data.draw(st.booleans()):  # distinct valid ids mostly
+            pool = list(range(self.limit))
+            random.Random(data.draw(st.integers(0, 99))).shuffle(pool)
+            return pool[: min(n, self.limit)]
+        return [self._id(data, r, p) for p in range(n)]
+
+    @rule(data=st.data(), subset=st.booleans())
+    def step(self, data: Any, subset: bool) -> None:
+        rows = self.rows
+        srcs = [data.draw(st.sampled_from([r, r, r, NEW, PADDING, *range(rows)]))
+                for r in range(rows)]
+        if subset:
+            visit = sorted(set(data.draw(st.lists(st.integers(0, rows - 1), max_size=rows))))
+        else:
+            visit = list(range(rows))
+        lists = [self._row(data, r) for r in visit]
+        given = None if not subset else visit
+        plan_c, fault_c = self.c.stage(given, lists, srcs, _convert)
+        plan_py, fault_py = self.py.stage(given, lists, srcs, _convert)
+        assert same_fault(fault_c, fault_py), (fault_c, fault_py)
+        if fault_c is not None:
+            return
+        slot = data.draw(st.integers(0, self.slots - 1))
+        column = data.draw(st.integers(0, 1))
+        out_c = self.c.commit(plan_c, slot, self.tables["c"][slot], self.counts["c"], column, True)
+        out_py = self.py.commit(
+            plan_py, slot, self.tables["py"][slot], self.counts["py"], column, True
+        )
+        assert out_c == out_py
+        self.committed[slot] = [self.py.held(r) for r in range(rows)]
+
+    @rule(data=st.data())
+    def invalidate(self, data: Any) -> None:
+        slot = data.draw(st.integers(-1, self.slots - 1))
+        self.c.invalidate(slot)
+        self.py.invalidate(slot)
+
+    @rule()
+    def reset(self) -> None:
+        self.c.reset()
+        self.py.reset()
+
+    @invariant()
+    def agree(self) -> None:
+        if not hasattr(self, "c"):
+            return
+        for r in range(self.rows):
+            assert self.c.held(r) == self.py.held(r)
+            assert self.c.length(r) == self.py.length(r)
+        for s in range(self.slots):
+            np.testing.assert_array_equal(self.tables["c"][s], self.tables["py"][s])
+            held = self.committed[s]
+            if held is not None:
+                expected = rebuild(self.ring, self.width, self.pad, held)
+                np.testing.assert_array_equal(self.tables["c"][s], expected)
+        np.testing.assert_array_equal(self.counts["c"], self.counts["py"])
+
+
+KernelPair.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_kernel_pair = KernelPair.TestCase
+
+
+# --- the faces on a scheduler trace ---------------------------------------------------------------
+
+
+def faces(monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs: Any) -> list[GroupedTables]:
+    """Two :class:`GroupedTables` of the same arguments, one per kernel."""
+    out = []
+    for kernel in (compiled.GroupKernel, twin.GroupKernel):
+        monkeypatch.setattr(grouped, "GroupKernel", kernel)
+        out.append(GroupedTables(*args, **kwargs))
+    return out
+
+
+def test_faces_agree_on_a_long_wire_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DeepSeek V4-shaped trace (rings and paged groups, requests coming, going and moving,
+    every batch through a pickle round trip), by value and with a fault injected now and then:
+    both faces hold the same buffers after every step and raise the same errors."""
+    groups = [
+        grouped.TableGroup("ring4", "ring", 64, id_limit=500, min_ids=1),
+        grouped.TableGroup("ring65", "ring", 512, id_limit=5000),
+        grouped.TableGroup("pages", "paged", 24, id_limit=5000, pad=-1),
+    ]
+    num_rows, slots = 12, 2
+    pair = faces(monkeypatch, groups, num_rows, slots=slots)
+    rng = random.Random(7)
+    lengths = (4, 65, 0)
+    requests: dict[int, list[list[int]]] = {}
+    next_key = 0
+    for step in range(300):
+        for key in list(requests):  # churn
+            if rng.random() < 0.03:
+                del requests[key]
+        while len(requests) < num_rows - rng.randrange(3):
+            pages = rng.sample(range(5000), rng.randint(1, 10))
+            requests[next_key] = [rng.sample(range(500), 4), rng.sample(range(5000), 65), pages]
+            next_key += 1
+        for ids in requests.values():  # rotate a ring slot, grow a page list now and then
+            for gi in (0, 1):
+                if rng.random() < 0.3:
+                    p = rng.randrange(lengths[gi])
+                    free = rng.randrange(500 if gi == 0 else 5000)
+                    if free not in ids[gi]:
+                        ids[gi][p] = free
+            if rng.random() < 0.1 and len(ids[2]) < 24:
+                page = rng.randrange(5000)
+                if page not in ids[2]:
+                    ids[2].append(page)
+        order = list(requests)
+        rng.shuffle(order) if rng.random() < 0.1 else None
+        keys: list[Any] = [*order, *[None] * (num_rows - len(order))]
+        pad_rows = [[4000 + r] for r in range(num_rows)]
+        rows = [
+            [requests[k][gi] if k is not None else pad_rows[r] for r, k in enumerate(keys)]
+            for gi in range(3)
+        ]
+        rows = pickle.loads(pickle.dumps(rows))
+        if rng.random() < 0.1:  # a fault: both must reject it alike and change nothing
+            gi, r = rng.randrange(3), rng.randrange(len(order))
+            bad = rng.choice([-3, 10**6, 2.5, True, "x", rows[gi][r][0]])
+            rows[gi][r] = [*rows[gi][r][:-1], bad] if rows[gi][r] else [bad]
+            errors = []
+            for face in pair:
+                try:
+                    face.commit(face.plan(rows, keys), step % slots)
+                    errors.append(None)
+                except (TypeError, ValueError) as error:
+                    errors.append((type(error), str(error)))
+            assert errors[0] == errors[1]
+        else:
+            for face in pair:
+                face.commit(face.plan(rows, keys), step % slots)
+        for s in range(slots):
+            a, b = pair[0].tables(s), pair[1].tables(s)
+            for name in a:
+                assert torch.equal(a[name], b[name]), (step, s, name)
+            assert torch.equal(pair[0].counts(s), pair[1].counts(s))
+            assert pair[0].stats(s) == pair[1].stats(s)
