@@ -34,7 +34,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -42,11 +42,9 @@ import torch
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import host_tensor
 from blockprep.engine import GroupKernel
-from blockprep.engine.twin import LENGTH, NEW, PAD_RANGE, PADDING, RANGE, REPEAT, TYPE
+from blockprep.engine.twin import LENGTH, NEW, OPS, PAD_RANGE, PADDING, RANGE, REPEAT, TYPE
 from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
-from blockprep.wire import WHOLE, DeltaMessageError, apply_ops
-
-_INT = {int}
+from blockprep.wire import DeltaMessageError, apply_ops
 
 BLOCK_RENDER_MIN_ROWS = 8
 """Default ``block_rows`` (kept for compatibility: the kernel needs no such knob)."""
@@ -377,42 +375,28 @@ class GroupedTables:
         for gi, group in enumerate(self._groups):
             kernel = self._kernels[gi]
             group_changes = changes[gi]
-            visit: set[int] = set(group_changes)
-            visit.update(moved)
+            if padding_rows and not set(padding_rows).isdisjoint(group_changes):
+                row = min(set(padding_rows).intersection(group_changes))
+                raise DeltaMessageError(
+                    f"block delta ops for a padding row ({_where(place, row, group, None)})"
+                )
             if keys is not previous:
-                visit.update(padding_rows)
+                visit_padding = padding_rows
             else:  # padding rows that hold nothing yet
-                visit.update(row for row in padding_rows if kernel.length(row) < 0)
-            rows = sorted(visit)
-            lists = []
-            for row in rows:
-                key = keys[row]
-                ops = group_changes.get(row)
-                if key is None:
-                    if ops is not None:
-                        raise DeltaMessageError(
-                            f"block delta ops for a padding row ({_where(place, row, group, key)})"
-                        )
-                    lists.append(padding(gi, row))
-                    continue
-                src = srcs[row]
-                held = None if src < 0 else kernel.held(src)
-                if ops is not None:
-                    try:
-                        lists.append(apply_ops(ops, held))
-                    except DeltaMessageError as error:
-                        where = _where(place, row, group, key)
-                        raise DeltaMessageError(f"{error} ({where})") from None
-                    _check_set_ids(ops, row, group, place)
-                elif held is None:
-                    raise DeltaMessageError(
-                        f"a request new to the worker must come with its whole list "
-                        f"({_where(place, row, group, key)})"
-                    )
-                else:  # a request that moved, as it was
-                    lists.append(held)
-            plan, fault = kernel.stage(rows, lists, srcs, _convert)
+                visit_padding = [row for row in padding_rows if kernel.length(row) < 0]
+            if moved or visit_padding:
+                rows = sorted({*group_changes, *moved, *visit_padding})
+                items = [
+                    group_changes.get(row) if keys[row] is not None else padding(gi, row)
+                    for row in rows
+                ]
+            else:
+                rows = sorted(group_changes)
+                items = list(map(group_changes.__getitem__, rows))
+            plan, fault = kernel.stage_ops(rows, items, srcs, _convert)
             if fault is not None:
+                if fault[0] == OPS:
+                    _raise_ops_error(fault[1], group_changes, keys, srcs, kernel, group, place)
                 raise _fault_error(fault, group, place)
             plans.append(plan)
         return GroupedStep(tuple(plans), keys, self._version)
@@ -493,17 +477,29 @@ def _convert(x: object) -> int | None:
     return operator.index(x) if is_integer_id(x) else None  # type: ignore[arg-type]
 
 
-def _check_set_ids(
-    ops: list[list[Any]], row: int, group: TableGroup, place: Callable[[int], str]
-) -> None:
-    """The ids an append or a set names are new ids, whatever the row held: integers
-    (:class:`BlockIdTypeError` otherwise; a whole list follows the id rule)."""
-    for op in ops:
-        ids = op[-1]
-        if op[0] != WHOLE and type(ids) is list and not set(map(type, ids)) <= _INT:
-            for x in ids:
-                if type(x) is not int and _convert(x) is None:
-                    raise _fault_error((TYPE, row, x), group, place)
+def _raise_ops_error(
+    row: int,
+    changes: Mapping[int, Any],
+    keys: list[Hashable | None],
+    srcs: list[int],
+    kernel: Any,
+    group: TableGroup,
+    place: Callable[[int], str],
+) -> NoReturn:
+    """The :class:`DeltaMessageError` for row ``row``'s ops, which the kernel rejected: the
+    words of :func:`~blockprep.wire.apply_ops`, the place, group and request."""
+    where = _where(place, row, group, keys[row])
+    ops = changes.get(row)
+    src = srcs[row]
+    if ops is None:
+        raise DeltaMessageError(
+            f"a request new to the worker must come with its whole list ({where})"
+        )
+    try:
+        apply_ops(ops, None if src < 0 else kernel.held(src))
+    except DeltaMessageError as error:
+        raise DeltaMessageError(f"{error} ({where})") from None
+    raise AssertionError(f"the kernel rejected ops that apply_ops takes ({where})")
 
 
 def _fault_error(

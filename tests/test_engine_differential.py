@@ -38,12 +38,18 @@ NEW, PADDING = twin.NEW, twin.PADDING
 
 
 def rebuild(ring: bool, width: int, pad: int, rows: list[list[int] | None]) -> np.ndarray:
-    """The reference table of the held rows (unknown rows: 0 for a ring, ``pad`` paged)."""
+    """The reference table of the held rows (unknown rows: 0 for a ring, ``pad`` paged):
+    :mod:`blockprep.reference` for ids it takes, cell by cell from the definition for padding
+    rows holding negative ids (which it refuses)."""
     out = np.full((len(rows), width), 0 if ring else pad, dtype=np.int32)
     for r, ids in enumerate(rows):
         if ids is None or (ring and not ids):
             continue
-        if ring:
+        if min(ids, default=0) < 0:
+            out[r] = [
+                ids[j % len(ids)] if ring else ids[j] if j < len(ids) else pad for j in range(width)
+            ]
+        elif ring:
             out[r] = ref.ring_block_table_repeat([ids], max_blocks=width).numpy()[0]
         else:
             out[r] = ref.block_table_per_row([ids], max_blocks=width, pad=pad).numpy()[0]
@@ -79,8 +85,9 @@ class KernelPair(RuleBasedStateMachine):
         self.ring, self.width, self.limit, self.pad = ring, width, limit, pad
         self.rows, self.slots, self.shortest = rows, slots, shortest
         fill = data.draw(st.integers(-5, 5))
-        self.tables = {k: [np.full((rows, width), fill, np.int32) for _ in range(slots)]
-                       for k in ("c", "py")}
+        self.tables = {
+            k: [np.full((rows, width), fill, np.int32) for _ in range(slots)] for k in ("c", "py")
+        }
         self.counts = {k: np.zeros((rows, 2), np.int32) for k in ("c", "py")}
         self.committed: list[list[list[int] | None] | None] = [None] * slots
 
@@ -90,12 +97,29 @@ class KernelPair(RuleBasedStateMachine):
         if choice <= 6:
             return data.draw(st.integers(0, self.limit - 1))
         if choice == 7 and held and p < len(held):  # a non-int equal to the held id
-            return data.draw(st.sampled_from([float(held[p]), np.int64(held[p]),
-                                              np.float64(held[p])]))
-        return data.draw(st.sampled_from([
-            -1, self.limit, 2**31, -(2**31) - 1, 2**70, -(2**70), True, 1.5, None, "3",
-            np.int32(min(self.limit - 1, 3)), np.array(1), torch.tensor(2), np.bool_(False),
-        ]))
+            return data.draw(
+                st.sampled_from([float(held[p]), np.int64(held[p]), np.float64(held[p])])
+            )
+        return data.draw(
+            st.sampled_from(
+                [
+                    -1,
+                    self.limit,
+                    2**31,
+                    -(2**31) - 1,
+                    2**70,
+                    -(2**70),
+                    True,
+                    1.5,
+                    None,
+                    "3",
+                    np.int32(min(self.limit - 1, 3)),
+                    np.array(1),
+                    torch.tensor(2),
+                    np.bool_(False),
+                ]
+            )
+        )
 
     def _row(self, data: Any, r: int) -> list[Any]:
         held = self.py.held(r)
@@ -120,8 +144,9 @@ class KernelPair(RuleBasedStateMachine):
     @rule(data=st.data(), subset=st.booleans())
     def step(self, data: Any, subset: bool) -> None:
         rows = self.rows
-        srcs = [data.draw(st.sampled_from([r, r, r, NEW, PADDING, *range(rows)]))
-                for r in range(rows)]
+        srcs = [
+            data.draw(st.sampled_from([r, r, r, NEW, PADDING, *range(rows)])) for r in range(rows)
+        ]
         if subset:
             visit = sorted(set(data.draw(st.lists(st.integers(0, rows - 1), max_size=rows))))
         else:
@@ -139,6 +164,78 @@ class KernelPair(RuleBasedStateMachine):
         out_py = self.py.commit(
             plan_py, slot, self.tables["py"][slot], self.counts["py"], column, True
         )
+        assert out_c == out_py
+        self.committed[slot] = [self.py.held(r) for r in range(rows)]
+
+    def _ops(self, data: Any, r: int) -> Any:
+        """One row's operations: mostly well formed, sometimes not."""
+        held = self.py.held(r)
+        n = -1 if held is None else len(held)
+        ops: list[Any] = []
+        for _ in range(data.draw(st.integers(0, 3))):
+            kind = data.draw(st.integers(0, 9))
+            if kind == 0 or n < 0:
+                ids = self._row(data, r)
+                ops.append(["w", ids])
+                n = len(ids)
+            elif kind <= 2:
+                ids = [self._id(data, r, n + i) for i in range(data.draw(st.integers(1, 2)))]
+                ops.append(["a", ids])
+                n += len(ids)
+            elif kind <= 5 and n > 0:
+                k = data.draw(st.integers(1, min(n, 3)))
+                positions = data.draw(
+                    st.lists(st.integers(0, n - 1), min_size=k, max_size=k, unique=True)
+                )
+                ops.append(["s", positions, [self._id(data, r, p) for p in positions]])
+            elif kind == 6:
+                length = data.draw(st.integers(0, max(n, 0)))
+                ops.append(["t", length])
+                n = length
+            else:
+                ops.append(
+                    data.draw(
+                        st.sampled_from(
+                            [
+                                [],
+                                "x",
+                                ["x", 1],
+                                ["s", [0, 0], [1, 2]],
+                                ["s", [n], [1]],
+                                ["s", [0], []],
+                                ["t", -1],
+                                ["t", n + 1],
+                                ["t", True],
+                                ["a", (1,)],
+                                ["w", "ab"],
+                                ["a", []],
+                                ["s", (0,), [1]],
+                                ["w"],
+                                ["t", 1, 2],
+                            ]
+                        )
+                    )
+                )
+        if not ops and data.draw(st.booleans()):
+            return None
+        return ops
+
+    @rule(data=st.data())
+    def step_ops(self, data: Any) -> None:
+        rows = self.rows
+        srcs = [
+            data.draw(st.sampled_from([r, r, r, NEW, PADDING, *range(rows)])) for r in range(rows)
+        ]
+        visit = sorted(set(data.draw(st.lists(st.integers(0, rows - 1), max_size=rows))))
+        items = [self._row(data, r) if srcs[r] == PADDING else self._ops(data, r) for r in visit]
+        plan_c, fault_c = self.c.stage_ops(visit, items, srcs, _convert)
+        plan_py, fault_py = self.py.stage_ops(visit, items, srcs, _convert)
+        assert same_fault(fault_c, fault_py), (fault_c, fault_py)
+        if fault_c is not None:
+            return
+        slot = data.draw(st.integers(0, self.slots - 1))
+        out_c = self.c.commit(plan_c, slot, self.tables["c"][slot], self.counts["c"], 0, True)
+        out_py = self.py.commit(plan_py, slot, self.tables["py"][slot], self.counts["py"], 0, True)
         assert out_c == out_py
         self.committed[slot] = [self.py.held(r) for r in range(rows)]
 
@@ -170,7 +267,7 @@ class KernelPair(RuleBasedStateMachine):
 
 
 KernelPair.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=300,
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -25,11 +25,12 @@
 #endif
 
 enum { PADDING = -2, NEW = -1 };
-enum { F_TYPE = 1, F_LENGTH = 2, F_RANGE = 3, F_REPEAT = 4, F_PAD_RANGE = 5 };
+enum { F_TYPE = 1, F_LENGTH = 2, F_RANGE = 3, F_REPEAT = 4, F_PAD_RANGE = 5, F_OPS = 6 };
 enum { CLEAN = 0, POSITIONS = 1, SPAN = 2, WHOLE = 3 };
 #define MAX_POSITIONS 4
 #define MARK 6   /* mode, count, p0..p3 */
 #define HEADER 8 /* row, n, mode, count, p0..p3 */
+#define CHECKED 16 /* record mode flag: a request's row, checked (padding rows are trusted) */
 #define BIG LLONG_MIN /* stands for an int beyond int64: out of every range */
 
 typedef struct {
@@ -40,6 +41,7 @@ typedef struct {
     int32_t pad;
     int32_t *held;
     int32_t *lens;
+    uint8_t *checked; /* rows: the held ids were checked as a request's (so hold no repeats) */
     int32_t *marks;
 } GroupKernel;
 
@@ -125,6 +127,7 @@ static void kernel_dealloc(GroupKernel *self)
 {
     PyMem_Free(self->held);
     PyMem_Free(self->lens);
+    PyMem_Free(self->checked);
     PyMem_Free(self->marks);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -184,11 +187,13 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     }
     PyMem_Free(self->held);
     PyMem_Free(self->lens);
+    PyMem_Free(self->checked);
     PyMem_Free(self->marks);
     self->held = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows * width + 1));
     self->lens = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows + 1));
+    self->checked = PyMem_Calloc((size_t)rows + 1, 1);
     self->marks = PyMem_Malloc(sizeof(int32_t) * (size_t)(slots * rows * MARK + 1));
-    if (!self->held || !self->lens || !self->marks) {
+    if (!self->held || !self->lens || !self->checked || !self->marks) {
         PyErr_NoMemory();
         return -1;
     }
@@ -243,41 +248,62 @@ static PyObject *kernel_length(GroupKernel *self, PyObject *arg)
 typedef struct {
     int32_t *out; /* the plan's records */
     Py_ssize_t used, cap;
-    long long *vals; /* one row's ids */
-    Py_ssize_t *chg; /* its changed positions */
-    uint64_t *keys;  /* (value, position) pairs for the repeat check */
+    long long *vals;  /* one row's ids */
+    PyObject **objs;  /* a row built from ops: its id objects (owned), NULL for a held id */
+    Py_ssize_t nobjs; /* objs[0..nobjs) hold references */
+    Py_ssize_t *chg;  /* its changed positions */
+    uint64_t *keys;   /* (value, position) pairs for the repeat check */
     Py_ssize_t row_cap;
 } Scratch;
 
+static void scratch_drop_objs(Scratch *s, Py_ssize_t from)
+{
+    for (Py_ssize_t p = from; p < s->nobjs; p++)
+        Py_CLEAR(s->objs[p]);
+    if (from < s->nobjs)
+        s->nobjs = from;
+}
+
 static void scratch_free(Scratch *s)
 {
+    scratch_drop_objs(s, 0);
     PyMem_Free(s->out);
     PyMem_Free(s->vals);
+    PyMem_Free(s->objs);
     PyMem_Free(s->chg);
     PyMem_Free(s->keys);
 }
 
+/* Room for rows of n ids, keeping what the row arrays hold. */
 static int scratch_row(Scratch *s, Py_ssize_t n)
 {
     if (n <= s->row_cap)
         return 0;
-    Py_ssize_t cap = n < 64 ? 64 : n;
-    if ((size_t)cap > PY_SSIZE_T_MAX / sizeof(uint64_t)) {
+    Py_ssize_t cap = s->row_cap ? s->row_cap : 64;
+    while (cap < n) {
+        if (cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(uint64_t)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    long long *vals = PyMem_Realloc(s->vals, sizeof(long long) * (size_t)cap);
+    if (vals)
+        s->vals = vals;
+    PyObject **objs = PyMem_Realloc(s->objs, sizeof(PyObject *) * (size_t)cap);
+    if (objs)
+        s->objs = objs;
+    Py_ssize_t *chg = PyMem_Realloc(s->chg, sizeof(Py_ssize_t) * (size_t)cap);
+    if (chg)
+        s->chg = chg;
+    uint64_t *keys = PyMem_Realloc(s->keys, sizeof(uint64_t) * (size_t)cap);
+    if (keys)
+        s->keys = keys;
+    if (!vals || !objs || !chg || !keys) {
         PyErr_NoMemory();
         return -1;
     }
-    PyMem_Free(s->vals);
-    PyMem_Free(s->chg);
-    PyMem_Free(s->keys);
-    s->vals = PyMem_Malloc(sizeof(long long) * (size_t)cap);
-    s->chg = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)cap);
-    s->keys = PyMem_Malloc(sizeof(uint64_t) * (size_t)cap);
     s->row_cap = cap;
-    if (!s->vals || !s->chg || !s->keys) {
-        s->row_cap = 0;
-        PyErr_NoMemory();
-        return -1;
-    }
     return 0;
 }
 
@@ -342,9 +368,11 @@ static Py_ssize_t first_repeat(Scratch *s, Py_ssize_t n, Py_ssize_t nchg, int ba
 }
 
 /* The value object of position p for a fault: the exact int itself, or convert(x) again. */
-static PyObject *value_at(PyObject *lst, Py_ssize_t p, PyObject *convert)
+static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p, PyObject *convert)
 {
-    PyObject *x = PyList_GET_ITEM(lst, p);
+    PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
+    if (!x)
+        return PyLong_FromLongLong(s->vals[p]);
     if (PyLong_CheckExact(x)) {
         Py_INCREF(x);
         return x;
@@ -352,10 +380,11 @@ static PyObject *value_at(PyObject *lst, Py_ssize_t p, PyObject *convert)
     return PyObject_CallOneArg(convert, x);
 }
 
-/* Decide one visited row: append its record to s->out (or nothing: unchanged). Returns 0, 1 with
- * *fault_out set, or -1 with an exception. */
-static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, long long src,
-                     PyObject *convert, PyObject **fault_out)
+/* Decide one visited row: append its record to s->out (or nothing: unchanged). Its n ids are
+ * the items of lst (the caller's list) or, with lst NULL, the cells s->objs (NULL cells: a held
+ * id, already in s->vals). Returns 0, 1 with *fault_out set, or -1 with an exception. */
+static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
+                     long long src, PyObject *convert, PyObject **fault_out)
 {
     const Py_ssize_t W = self->width;
     const int padding = src == PADDING;
@@ -366,16 +395,19 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
         base = self->held + from * W;
         m = self->lens[from];
     }
-    Py_ssize_t n = PyList_GET_SIZE(lst);
     if (scratch_row(s, n) < 0)
         return -1;
     long long *vals = s->vals;
     Py_ssize_t nchg = 0;
     /* 1. ids: unchanged ones are the held ids; changed ones plain ints (others converted). */
     for (Py_ssize_t p = 0; p < n; p++) {
-        PyObject *x = PyList_GET_ITEM(lst, p);
+        PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
         long long v;
-        if (PyLong_CheckExact(x)) {
+        if (!x) { /* a held id the ops kept */
+            v = vals[p];
+            if (p < m && v == base[p])
+                continue;
+        } else if (PyLong_CheckExact(x)) {
             v = exact_value(x);
             if (p < m && v == base[p]) {
                 vals[p] = v;
@@ -406,7 +438,7 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
                     return -1;
                 }
             }
-            if (PyList_GET_SIZE(lst) != n) {
+            if (lst && PyList_GET_SIZE(lst) != n) {
                 Py_XDECREF(c);
                 Py_DECREF(x);
                 PyErr_Format(PyExc_RuntimeError, "row %zd changed while it was planned", r);
@@ -446,7 +478,7 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
         int bad = padding ? (v == BIG || v < INT32_MIN || v > INT32_MAX)
                           : (v == BIG || v < 0 || v >= self->limit);
         if (bad) {
-            PyObject *value = value_at(lst, s->chg[i], convert);
+            PyObject *value = value_at(s, lst, s->chg[i], convert);
             if (!value)
                 return -1;
             *fault_out = fault(padding ? F_PAD_RANGE : F_RANGE, r, value);
@@ -455,7 +487,7 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
         }
     }
     if (!padding && nchg) {
-        Py_ssize_t j = first_repeat(s, n, nchg, src >= 0);
+        Py_ssize_t j = first_repeat(s, n, nchg, src >= 0 && self->checked[src]);
         if (j < n) {
             PyObject *value = PyLong_FromLongLong(vals[j]);
             if (!value)
@@ -501,7 +533,7 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
         return -1;
     rec[0] = (int32_t)r;
     rec[1] = (int32_t)n;
-    rec[2] = mode;
+    rec[2] = mode | (padding ? 0 : CHECKED);
     rec[3] = count;
     memcpy(rec + 4, pos, sizeof pos);
     for (Py_ssize_t p = 0; p < n; p++)
@@ -554,7 +586,8 @@ static PyObject *kernel_stage(GroupKernel *self, PyObject *args)
             goto done;
         }
         Py_INCREF(lst);
-        int status = stage_row(self, &s, (Py_ssize_t)r, lst, src, convert, &fault_value);
+        int status = stage_row(self, &s, (Py_ssize_t)r, lst, PyList_GET_SIZE(lst), src, convert,
+                               &fault_value);
         Py_DECREF(lst);
         if (status < 0)
             goto done;
@@ -568,6 +601,244 @@ static PyObject *kernel_stage(GroupKernel *self, PyObject *args)
     if (plan) {
         result = Py_BuildValue("(NO)", plan, Py_None);
     }
+done:
+    scratch_free(&s);
+    return result;
+}
+
+/* ---- stage_ops: rows given as blockprep.wire operations ---------------------------------------- */
+
+static PyObject *TAGS[4]; /* "w", "a", "s", "t" */
+enum { OP_W, OP_A, OP_S, OP_T, OP_BAD };
+
+/* The tag of op as apply_ops reads it (op[0] == "w", ...); -1 with an exception. */
+static int op_tag(PyObject *op)
+{
+    if (!PyList_Check(op) || PyList_GET_SIZE(op) == 0)
+        return OP_BAD;
+    PyObject *tag = PyList_GET_ITEM(op, 0);
+    for (int t = 0; t < 4; t++) {
+        if (tag == TAGS[t])
+            return t;
+        if (PyUnicode_CheckExact(tag)) {
+            if (PyUnicode_Compare(tag, TAGS[t]) == 0)
+                return t;
+            continue;
+        }
+        Py_INCREF(tag);
+        int eq = PyObject_RichCompareBool(tag, TAGS[t], Py_EQ);
+        Py_DECREF(tag);
+        if (eq < 0)
+            return -1;
+        if (eq)
+            return t;
+    }
+    return OP_BAD;
+}
+
+/* Cells [from, n) of s->objs set to new references to the items of ids (an exact list). */
+static int put_items(Scratch *s, Py_ssize_t at, PyObject *ids)
+{
+    Py_ssize_t k = PyList_GET_SIZE(ids);
+    if (scratch_row(s, at + k) < 0)
+        return -1;
+    scratch_drop_objs(s, at);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *x = PyList_GET_ITEM(ids, i);
+        Py_INCREF(x);
+        s->objs[at + i] = x;
+    }
+    s->nobjs = at + k;
+    return 0;
+}
+
+/* Apply ops to the cells, as wire.apply_ops: *n the length (-1: nothing held). Returns 0, 1 for
+ * ops apply_ops rejects, -1 with an exception. */
+static int apply_ops(Scratch *s, PyObject *ops, Py_ssize_t *n)
+{
+    if (!PyList_Check(ops) || PyList_GET_SIZE(ops) == 0)
+        return 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        Py_INCREF(op);
+        int tag = op_tag(op), status = 0;
+        Py_ssize_t size = tag < 0 || tag == OP_BAD ? 0 : PyList_GET_SIZE(op);
+        if (tag < 0) {
+            status = -1;
+        } else if (*n < 0 && tag != OP_W) {
+            status = 1;
+        } else if ((tag == OP_W || tag == OP_A) && size == 2) {
+            PyObject *ids = PyList_GET_ITEM(op, 1);
+            if (!PyList_CheckExact(ids))
+                status = 1;
+            else if (put_items(s, tag == OP_W ? 0 : *n, ids) < 0)
+                status = -1;
+            else
+                *n = s->nobjs;
+        } else if (tag == OP_S && size == 3) {
+            PyObject *positions = PyList_GET_ITEM(op, 1), *values = PyList_GET_ITEM(op, 2);
+            Py_ssize_t k = PyList_CheckExact(positions) ? PyList_GET_SIZE(positions) : -1;
+            if (k < 0 || !PyList_CheckExact(values) || PyList_GET_SIZE(values) != k)
+                status = 1;
+            for (Py_ssize_t j = 0; status == 0 && j < k; j++) {
+                PyObject *q = PyList_GET_ITEM(positions, j);
+                long long p = PyLong_CheckExact(q) ? exact_value(q) : -1;
+                if (p < 0 || p >= *n) {
+                    status = 1;
+                    break;
+                }
+                for (Py_ssize_t e = 0; e < j && k > 1; e++) /* positions must not repeat */
+                    if (exact_value(PyList_GET_ITEM(positions, e)) == p)
+                        status = 1;
+            }
+            for (Py_ssize_t j = 0; status == 0 && j < k; j++) {
+                Py_ssize_t p = (Py_ssize_t)exact_value(PyList_GET_ITEM(positions, j));
+                PyObject *x = PyList_GET_ITEM(values, j);
+                Py_INCREF(x);
+                Py_XSETREF(s->objs[p], x);
+            }
+        } else if (tag == OP_T && size == 2) {
+            PyObject *q = PyList_GET_ITEM(op, 1);
+            long long length = PyLong_CheckExact(q) ? exact_value(q) : -1;
+            if (length < 0 || length > *n)
+                status = 1;
+            else {
+                scratch_drop_objs(s, (Py_ssize_t)length);
+                *n = (Py_ssize_t)length;
+            }
+        } else {
+            status = 1;
+        }
+        Py_DECREF(op);
+        if (status)
+            return status;
+    }
+    return *n < 0 ? 1 : 0;
+}
+
+/* The ids an append or a set names are new ids: integers (convert) whatever the row held, in op
+ * order; a TYPE fault names the first that is not. Returns 0, 1 with *fault_out, -1. */
+static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObject **fault_out)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        if (!PyList_Check(op) || PyList_GET_SIZE(op) < 2)
+            continue;
+        Py_INCREF(op);
+        int tag = op_tag(op);
+        PyObject *ids = PyList_GET_ITEM(op, PyList_GET_SIZE(op) - 1);
+        int status = tag < 0 ? -1 : 0;
+        if ((tag == OP_A || tag == OP_S) && PyList_CheckExact(ids)) {
+            Py_INCREF(ids);
+            for (Py_ssize_t j = 0; status == 0 && j < PyList_GET_SIZE(ids); j++) {
+                PyObject *x = PyList_GET_ITEM(ids, j);
+                if (PyLong_CheckExact(x))
+                    continue;
+                Py_INCREF(x);
+                PyObject *c = PyObject_CallOneArg(convert, x);
+                if (!c)
+                    status = -1;
+                else if (!PyLong_CheckExact(c))
+                    status = (*fault_out = fault(F_TYPE, r, x)) ? 1 : -1;
+                Py_XDECREF(c);
+                Py_DECREF(x);
+            }
+            Py_DECREF(ids);
+        }
+        Py_DECREF(op);
+        if (status)
+            return status;
+    }
+    return 0;
+}
+
+static PyObject *kernel_stage_ops(GroupKernel *self, PyObject *args)
+{
+    PyObject *rows, *items, *srcs, *convert;
+    if (!PyArg_ParseTuple(args, "OOOO:stage_ops", &rows, &items, &srcs, &convert))
+        return NULL;
+    if (!PyList_CheckExact(rows) || !PyList_CheckExact(items) || !PyList_CheckExact(srcs)) {
+        PyErr_SetString(PyExc_TypeError, "rows, items and srcs must be lists");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(srcs) != self->rows) {
+        PyErr_Format(PyExc_ValueError, "srcs must hold %zd rows, got %zd", self->rows,
+                     PyList_GET_SIZE(srcs));
+        return NULL;
+    }
+    if (PyList_GET_SIZE(items) != PyList_GET_SIZE(rows)) {
+        PyErr_Format(PyExc_ValueError, "items must hold %zd rows, got %zd", PyList_GET_SIZE(rows),
+                     PyList_GET_SIZE(items));
+        return NULL;
+    }
+    Scratch s = {0};
+    PyObject *fault_value = NULL, *result = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        long long r, src;
+        if (int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
+            goto done;
+        if (i >= PyList_GET_SIZE(items) || PyList_GET_SIZE(srcs) != self->rows) {
+            PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
+            goto done;
+        }
+        PyObject *so = PyList_GET_ITEM(srcs, r);
+        if (!PyLong_CheckExact(so) || (src = exact_value(so), !(src == PADDING || src == NEW ||
+                                                                (0 <= src && src < self->rows)))) {
+            PyErr_Format(PyExc_ValueError, "srcs[%lld] must be -2, -1 or a row, got %R", r, so);
+            goto done;
+        }
+        PyObject *item = PyList_GET_ITEM(items, i);
+        Py_INCREF(item);
+        int status;
+        if (src == PADDING) { /* a padding row: its ids, by value */
+            status = PyList_CheckExact(item)
+                         ? stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
+                                     convert, &fault_value)
+                         : (PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
+                                         Py_TYPE(item)->tp_name),
+                            -1);
+        } else {
+            /* The cells start as the ids the request held (none for a new request). */
+            Py_ssize_t n = -1;
+            scratch_drop_objs(&s, 0);
+            if (src >= 0 && self->lens[src] >= 0) {
+                n = self->lens[src];
+                status = scratch_row(&s, n);
+                for (Py_ssize_t p = 0; status == 0 && p < n; p++) {
+                    s.objs[p] = NULL;
+                    s.vals[p] = self->held[src * self->width + p];
+                }
+                s.nobjs = n;
+            } else {
+                status = 0;
+            }
+            if (status == 0 && item != Py_None)
+                status = apply_ops(&s, item, &n);
+            else if (status == 0 && n < 0)
+                status = 1; /* a new request without its whole list */
+            if (status == 1)
+                fault_value = Py_BuildValue("(O(inO))", Py_None, F_OPS, (Py_ssize_t)r, Py_None);
+            else if (status == 0 && item != Py_None)
+                status = check_set_ids(item, (Py_ssize_t)r, convert, &fault_value);
+            if (status == 0) {
+                /* Held cells keep their value in s.vals; the rest read from s.objs. */
+                status = stage_row(self, &s, (Py_ssize_t)r, NULL, n, src, convert, &fault_value);
+            }
+            if (status == 1 && !fault_value)
+                status = -1;
+        }
+        Py_DECREF(item);
+        if (status < 0)
+            goto done;
+        if (status > 0) {
+            result = fault_value;
+            goto done;
+        }
+    }
+    PyObject *plan = PyBytes_FromStringAndSize((const char *)s.out,
+                                               (Py_ssize_t)sizeof(int32_t) * s.used);
+    if (plan)
+        result = Py_BuildValue("(NO)", plan, Py_None);
 done:
     scratch_free(&s);
     return result;
@@ -724,7 +995,7 @@ static int check_plan(GroupKernel *self, const int32_t *rec, Py_ssize_t total)
         if (total - at < HEADER)
             goto bad;
         const int32_t *h = rec + at;
-        int32_t r = h[0], n = h[1], mode = h[2], count = h[3];
+        int32_t r = h[0], n = h[1], mode = h[2] & ~CHECKED, count = h[3];
         if (r < 0 || r >= self->rows || n < 0 || n > self->width || total - at - HEADER < n)
             goto bad;
         if (self->ring && n == 0)
@@ -787,8 +1058,9 @@ static PyObject *kernel_commit(GroupKernel *self, PyObject *args)
         int32_t r = h[0], n = h[1];
         memcpy(self->held + (Py_ssize_t)r * self->width, h + HEADER, sizeof(int32_t) * (size_t)n);
         self->lens[r] = n;
+        self->checked[r] = (h[2] & CHECKED) != 0;
         cnt[(Py_ssize_t)r * groups + column] = n;
-        int32_t change[MARK] = {h[2], h[3], h[4], h[5], h[6], h[7]};
+        int32_t change[MARK] = {h[2] & ~CHECKED, h[3], h[4], h[5], h[6], h[7]};
         for (Py_ssize_t s = 0; s < self->slots; s++)
             merge(self->marks + (s * self->rows + r) * MARK, change, self->ring);
         at += HEADER + n;
@@ -829,6 +1101,8 @@ static PyMethodDef kernel_methods[] = {
     {"length", (PyCFunction)kernel_length, METH_O, "How many ids a row holds (-1: unknown)."},
     {"stage", (PyCFunction)kernel_stage, METH_VARARGS,
      "stage(rows, lists, srcs, convert) -> (plan, None) or (None, (code, row, value))"},
+    {"stage_ops", (PyCFunction)kernel_stage_ops, METH_VARARGS,
+     "stage_ops(rows, items, srcs, convert) -> (plan, None) or (None, (code, row, value))"},
     {"commit", (PyCFunction)kernel_commit, METH_VARARGS,
      "commit(plan, slot, table, counts, column, want_rows) -> (rows, cells, rows list or None)"},
     {"invalidate", (PyCFunction)kernel_invalidate, METH_O,
@@ -882,6 +1156,10 @@ PyMODINIT_FUNC PyInit__kernel(void)
 {
     if (PyType_Ready(&GroupKernelType) < 0)
         return NULL;
+    static const char *tags[4] = {"w", "a", "s", "t"};
+    for (int t = 0; t < 4; t++)
+        if (!TAGS[t] && !(TAGS[t] = PyUnicode_InternFromString(tags[t])))
+            return NULL;
     PyObject *m = PyModule_Create(&kernel_module);
     if (!m)
         return NULL;

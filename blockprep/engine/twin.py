@@ -47,15 +47,17 @@ import numpy as np
 import numpy.typing as npt
 
 from blockprep.tiling import tile_rows
+from blockprep.wire import APPEND, SET, DeltaMessageError, apply_ops
 
 PADDING, NEW = -2, -1
 """``srcs`` values besides a row index: a padding row (trusted ids), a request new to the table."""
-TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE = 1, 2, 3, 4, 5
+TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE, OPS = 1, 2, 3, 4, 5, 6
 """Fault codes."""
 CLEAN, POSITIONS, SPAN, WHOLE = 0, 1, 2, 3
 """Slot marks: nothing to write, some positions, a paged range, the whole row."""
 MAX_POSITIONS = 4
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+_INT = {int}
 
 Fault = tuple[int, int, object]
 Mark = tuple[int, tuple[int, ...]]  # (mode, positions) or (SPAN, (lo, hi)) or (WHOLE, ())
@@ -127,18 +129,74 @@ class GroupKernel:
             ids = lists[i]
             if type(ids) is not list:
                 raise TypeError(f"row {r} must be a list, got {type(ids).__name__}")
-            src = srcs[r]
-            if not (src in (PADDING, NEW) or 0 <= src < self.rows):
-                raise ValueError(f"srcs[{r}] must be -2, -1 or a row, got {src}")
-            base = held[src] if src >= 0 else held[r] if src == PADDING else None
-            new, fault = self._checked(r, ids, base, src == PADDING, convert)
+            fault = self._stage_row(plan, r, ids, _src(srcs, r, self.rows), convert)
             if fault is not None:
                 return None, fault
-            assert new is not None
-            mark = self._mark(held[r], new)
-            if mark is not None:
-                plan.append((r, new, mark))
         return plan, None
+
+    def stage_ops(
+        self,
+        rows: Sequence[int],
+        items: Sequence[Any],
+        srcs: Sequence[int],
+        convert: Callable[[object], int | None],
+    ) -> tuple[list[_Change] | None, Fault | None]:
+        """:meth:`stage` of the visited ``rows`` given as :mod:`blockprep.wire` operations: per
+        row, ``items[i]`` is its ops on the ids its request held (``None``: as they were), or
+        a padding row's ids. Row by row: the ops (fault ``OPS`` where
+        :func:`~blockprep.wire.apply_ops` rejects them, or a request new to the table without
+        ops), then the ids an append or a set names must be integers (fault ``TYPE``, whatever
+        the row held: they are new), then the rules 1-4 on the resulting ids."""
+        if len(srcs) != self.rows:
+            raise ValueError(f"srcs must hold {self.rows} rows, got {len(srcs)}")
+        if len(items) != len(rows):
+            raise ValueError(f"items must hold {len(rows)} rows, got {len(items)}")
+        plan: list[_Change] = []
+        for i, r in enumerate(rows):
+            r = _index(r, self.rows, "row")
+            src, item = _src(srcs, r, self.rows), items[i]
+            if src == PADDING:
+                if type(item) is not list:
+                    raise TypeError(f"row {r} must be a list, got {type(item).__name__}")
+                ids = item
+            else:
+                held = self._held[src] if src >= 0 else None
+                if item is None:
+                    if held is None:
+                        return None, (OPS, r, None)
+                    ids = held
+                else:
+                    try:
+                        ids = apply_ops(item, held)
+                    except DeltaMessageError:
+                        return None, (OPS, r, None)
+                    fault = _check_set_ids(item, r, convert)
+                    if fault is not None:
+                        return None, fault
+            fault = self._stage_row(plan, r, ids, src, convert)
+            if fault is not None:
+                return None, fault
+        return plan, None
+
+    def _stage_row(
+        self,
+        plan: list[_Change],
+        r: int,
+        ids: list[Any],
+        src: int,
+        convert: Callable[[object], int | None],
+    ) -> Fault | None:
+        """Check row ``r`` and add its change to ``plan`` (nothing when it holds what it held)."""
+        held = self._held
+        base = held[src] if src >= 0 else held[r] if src == PADDING else None
+        new, fault = self._checked(r, ids, base, src == PADDING, convert)
+        if fault is not None:
+            return fault
+        assert new is not None
+        mark = self._mark(held[r], new)
+        if mark is not None:
+            plan.append((r, new, mark))
+        return None
 
     def _checked(
         self,
@@ -307,6 +365,24 @@ class GroupKernel:
         )
         block[np.arange(self.width) < lengths[:, None]] = flat
         table[rows] = block
+
+
+def _src(srcs: Sequence[int], r: int, rows: int) -> int:
+    src = srcs[r]
+    if type(src) is not int or not (src in (PADDING, NEW) or 0 <= src < rows):
+        raise ValueError(f"srcs[{r}] must be -2, -1 or a row, got {src!r}")
+    return src
+
+
+def _check_set_ids(ops: list[Any], r: int, convert: Callable[[object], int | None]) -> Fault | None:
+    """The first id an append or a set names that is not an integer (ops already applied)."""
+    for op in ops:
+        ids = op[-1]
+        if op[0] in (APPEND, SET) and type(ids) is list and not set(map(type, ids)) <= _INT:
+            for x in ids:
+                if type(x) is not int and type(convert(x)) is not int:
+                    return (TYPE, r, x)
+    return None
 
 
 def _merged(current: Mark | None, mark: Mark, ring: bool) -> Mark:
