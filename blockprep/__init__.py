@@ -14,6 +14,7 @@ from blockprep.batch import (
 from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError, UnknownRowError
 from blockprep.buffers import DeviceMirror, host_tensor
 from blockprep.builders import paged_block_table, ring_block_table
+from blockprep.engine import kernel_backend
 from blockprep.ids import INT32_MAX
 from blockprep.slots import paged_slot_mapping
 from blockprep.tokens import PaddedTokenBuffer
@@ -32,6 +33,7 @@ __all__ = [
     "StaleRowError",
     "UnknownRowError",
     "host_tensor",
+    "kernel_backend",
     "paged_block_table",
     "paged_slot_mapping",
     "ring_block_table",

@@ -257,7 +257,7 @@ class GroupedTables:
     def latest_ids(self, group: int, row: int) -> list[int] | None:
         """A copy of the ids ``row`` holds in ``group`` as of the latest commit (``None``: none)."""
         kernel = self._kernels[as_int(group, "group")]
-        return kernel.held(as_int(row, "row"))  # type: ignore[no-any-return]
+        return kernel.held(as_int(row, "row"))
 
     def stats(self, slot: int) -> dict[str, BlockTableStats]:
         """Per group, slot ``slot``'s counters: ``hits`` rows a commit left alone, ``misses`` rows
@@ -435,7 +435,6 @@ class GroupedTables:
         number = self._slots.index(state)
         touched = state.touched
         want = touched is not None
-        before = self._counts.copy() if want else None
         changed_counts = False
         for gi, kernel in enumerate(self._kernels):
             plan = step.plans[gi]
@@ -447,14 +446,13 @@ class GroupedTables:
             counters[0] += self._num_rows - written
             counters[1] += written
             counters[2] += cells
-            if touched is not None:
+            if touched is not None and rows is not None:
                 touched.update(rows)
         if changed_counts:
             for other in self._slots:
                 other.counts_stale = True
         if state.counts_stale:
             if touched is not None:
-                assert before is not None
                 differ = (state.counts_np != self._counts).any(axis=1)
                 touched.update(np.flatnonzero(differ).tolist())
             np.copyto(state.counts_np, self._counts)

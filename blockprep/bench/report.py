@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from blockprep.bench.runner import BASELINE, FIX, Result
+from blockprep.engine import kernel_backend
 
 SPREAD_LIMIT = 1.5
 """An upstream rebuild's p90/p10 per step above this says the machine was too noisy to trust."""
@@ -25,7 +26,7 @@ LOAD_MARGIN = 0.5
 
 def header(steps: int, runs: int, seed: int, threads: int, *, interleaved: bool = True) -> str:
     """The conditions every figure of the table was measured under. ``threads``: torch's thread
-    count outside the bench."""
+    count outside the bench. Names the table kernel that ran (``c`` or the ``python`` twin)."""
     repeat = "1 run" if runs == 1 else f"{runs} runs (medians of the runs' medians)"
     order = (
         "constructions interleaved round by round"
@@ -35,7 +36,7 @@ def header(steps: int, runs: int, seed: int, threads: int, *, interleaved: bool 
     return (
         f"blockprep bench: {steps} timed steps a workload, {repeat}, seed {seed}; every "
         f"construction on one torch thread (torch.set_num_threads(1); {threads} otherwise), "
-        f"{order}, garbage collector off"
+        f"{order}, garbage collector off; table kernel: {kernel_backend()}"
     )
 
 
@@ -143,6 +144,7 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "numpy": np.__version__,
+        "table_kernel": kernel_backend(),
     }
 
 

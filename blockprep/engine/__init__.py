@@ -1,25 +1,31 @@
 """The table engine's kernel: compiled (``_kernel``, C) or its pure-Python twin (``twin``).
 
-Both provide :class:`GroupKernel` with the same signatures and results (see
+Both provide ``GroupKernel`` with the same signatures and results (see
 :mod:`blockprep.engine.twin`, the specification). The compiled one is used when it was built and
-``BLOCKPREP_PURE_PYTHON`` is not set to a non-empty value other than ``0``; :func:`kernel_backend`
+``BLOCKPREP_PURE_PYTHON`` is not set (to anything but ``""`` or ``"0"``); :func:`kernel_backend`
 says which runs. As msgpack-python does, the choice is made once, at import.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from blockprep.engine import twin
 
-_FORCED = os.environ.get("BLOCKPREP_PURE_PYTHON", "") not in ("", "0")
+FORCED_PURE_PYTHON = os.environ.get("BLOCKPREP_PURE_PYTHON", "") not in ("", "0")
+"""Whether ``BLOCKPREP_PURE_PYTHON`` forced the twin."""
 
-if _FORCED:
-    GroupKernel: type[twin.GroupKernel] = twin.GroupKernel
+if TYPE_CHECKING:  # both kernels have the twin's signatures
+    from blockprep.engine.twin import GroupKernel
+
+    BACKEND = "python"
+elif FORCED_PURE_PYTHON:
+    GroupKernel = twin.GroupKernel
     BACKEND = "python"
 else:
     try:
-        from blockprep.engine._kernel import GroupKernel  # type: ignore[no-redef]
+        from blockprep.engine._kernel import GroupKernel
 
         BACKEND = "c"
     except ImportError:  # not built (no compiler at install time): the twin
@@ -32,4 +38,4 @@ def kernel_backend() -> str:
     return BACKEND
 
 
-__all__ = ["BACKEND", "GroupKernel", "kernel_backend", "twin"]
+__all__ = ["BACKEND", "FORCED_PURE_PYTHON", "GroupKernel", "kernel_backend", "twin"]
