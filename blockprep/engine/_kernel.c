@@ -6,7 +6,8 @@
  * the rules; this file only says where the C differs in how, never in what.
  *
  * State of one GroupKernel (one cache group):
- *   held  [rows * width] int32   the ids each row holds as of the latest commit
+ *   held  [rows * stride] int32  the ids each row holds as of the latest commit (stride: the
+ *                                longest row so far, at most width, so the state stays compact)
  *   lens  [rows]         int32   how many (-1: unknown)
  *   marks [slots * rows * MARK]  per slot and row: mode, count, p0..p3 (SPAN: p0 = lo, p1 = hi)
  * A plan is a bytes object of int32 records: row, n, mode, count, p0..p3, then the n new ids.
@@ -37,6 +38,7 @@ typedef struct {
     PyObject_HEAD
     int ring;
     Py_ssize_t width, shortest, rows, slots;
+    Py_ssize_t stride; /* held row stride: grows with the longest row, at most width */
     long long limit;
     int32_t pad;
     int32_t *held;
@@ -189,7 +191,8 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     PyMem_Free(self->lens);
     PyMem_Free(self->checked);
     PyMem_Free(self->marks);
-    self->held = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows * width + 1));
+    self->stride = width < 128 ? (Py_ssize_t)width : 128;
+    self->held = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows * self->stride + 1));
     self->lens = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows + 1));
     self->checked = PyMem_Calloc((size_t)rows + 1, 1);
     self->marks = PyMem_Malloc(sizeof(int32_t) * (size_t)(slots * rows * MARK + 1));
@@ -210,6 +213,29 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
+/* Room for rows of n ids in held (n <= width): a wider stride, rows copied. Changes no value. */
+static int grow_held(GroupKernel *self, Py_ssize_t n)
+{
+    if (n <= self->stride)
+        return 0;
+    Py_ssize_t stride = self->stride * 2 > n ? self->stride * 2 : n;
+    if (stride > self->width)
+        stride = self->width;
+    int32_t *held = PyMem_Malloc(sizeof(int32_t) * (size_t)(self->rows * stride + 1));
+    if (!held) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t r = 0; r < self->rows; r++)
+        if (self->lens[r] > 0)
+            memcpy(held + r * stride, self->held + r * self->stride,
+                   sizeof(int32_t) * (size_t)self->lens[r]);
+    PyMem_Free(self->held);
+    self->held = held;
+    self->stride = stride;
+    return 0;
+}
+
 /* ---- reading --------------------------------------------------------------------------------- */
 
 static PyObject *kernel_held(GroupKernel *self, PyObject *arg)
@@ -223,7 +249,7 @@ static PyObject *kernel_held(GroupKernel *self, PyObject *arg)
     PyObject *out = PyList_New(n);
     if (!out)
         return NULL;
-    const int32_t *ids = self->held + r * self->width;
+    const int32_t *ids = self->held + r * self->stride;
     for (int32_t p = 0; p < n; p++) {
         PyObject *x = PyLong_FromLong(ids[p]);
         if (!x) {
@@ -387,12 +413,15 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
                      long long src, PyObject *convert, PyObject **fault_out)
 {
     const Py_ssize_t W = self->width;
+    if (n <= W && grow_held(self, n) < 0) /* before any pointer into held is taken */
+        return -1;
+    const Py_ssize_t stride = self->stride;
     const int padding = src == PADDING;
     const int32_t *base = NULL;
     Py_ssize_t m = 0;
     long long from = src >= 0 ? src : (padding ? r : -1);
     if (from >= 0 && self->lens[from] >= 0) {
-        base = self->held + from * W;
+        base = self->held + from * stride;
         m = self->lens[from];
     }
     if (scratch_row(s, n) < 0)
@@ -462,6 +491,8 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
         vals[p] = v;
         s->chg[nchg++] = p;
     }
+    if (from == r && base && nchg == 0 && n == m)
+        return 0; /* it holds exactly what it held: nothing to check or write (as the twin) */
     /* 2. length, 3. range, 4. repeats. */
     int bad_length = padding ? (n > W || (self->ring && n == 0))
                              : (n < self->shortest || n > W);
@@ -499,7 +530,7 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
     }
     /* The mark: what a slot holding a render of row r's held ids must write. */
     int32_t om = self->lens[r];
-    const int32_t *old = self->held + r * W;
+    const int32_t *old = self->held + r * stride;
     int32_t mode, count = 0, pos[MAX_POSITIONS] = {0, 0, 0, 0}, lo = -1, hi = -1;
     if (om < 0 || (self->ring && om != n)) {
         mode = WHOLE;
@@ -806,7 +837,7 @@ static PyObject *kernel_stage_ops(GroupKernel *self, PyObject *args)
                 status = scratch_row(&s, n);
                 for (Py_ssize_t p = 0; status == 0 && p < n; p++) {
                     s.objs[p] = NULL;
-                    s.vals[p] = self->held[src * self->width + p];
+                    s.vals[p] = self->held[src * self->stride + p];
                 }
                 s.nobjs = n;
             } else {
@@ -933,7 +964,7 @@ static long long render(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_s
         if (mk[0] == CLEAN)
             continue;
         int32_t *row = table + r * W;
-        const int32_t *ids = self->held + r * W;
+        const int32_t *ids = self->held + r * self->stride;
         Py_ssize_t n = self->lens[r];
         int whole = mk[0] == WHOLE;
         if (self->ring && !whole)
@@ -996,7 +1027,7 @@ static int check_plan(GroupKernel *self, const int32_t *rec, Py_ssize_t total)
             goto bad;
         const int32_t *h = rec + at;
         int32_t r = h[0], n = h[1], mode = h[2] & ~CHECKED, count = h[3];
-        if (r < 0 || r >= self->rows || n < 0 || n > self->width || total - at - HEADER < n)
+        if (r < 0 || r >= self->rows || n < 0 || n > self->stride || total - at - HEADER < n)
             goto bad;
         if (self->ring && n == 0)
             goto bad;
@@ -1056,7 +1087,7 @@ static PyObject *kernel_commit(GroupKernel *self, PyObject *args)
     for (Py_ssize_t at = 0; at < total;) {
         const int32_t *h = rec + at;
         int32_t r = h[0], n = h[1];
-        memcpy(self->held + (Py_ssize_t)r * self->width, h + HEADER, sizeof(int32_t) * (size_t)n);
+        memcpy(self->held + (Py_ssize_t)r * self->stride, h + HEADER, sizeof(int32_t) * (size_t)n);
         self->lens[r] = n;
         self->checked[r] = (h[2] & CHECKED) != 0;
         cnt[(Py_ssize_t)r * groups + column] = n;

@@ -30,8 +30,9 @@ row whose held ids the row's request held, ``r`` itself when it stayed):
 4. *Repeats*: a request's row holds no id twice (fault ``REPEAT`` with the first id, in position
    order, seen earlier in the row).
 
-Faults come in that order within a row, rows in visit order. A row that holds exactly the ids it
-held is no change. Otherwise the slot marks say what to write: the positions that differ (a ring
+Faults come in that order within a row, rows in visit order. A row that stays (``src`` is ``r``
+or ``PADDING``) and holds exactly the ids it held (same length, every id ``==``) is no change and
+is not checked. Any other row that holds what it held is checked, and is no change. Otherwise the slot marks say what to write: the positions that differ (a ring
 slot is the strided columns ``p, p + n, ...``; a paged position one cell, ``pad`` past the ids),
 at most ``MAX_POSITIONS`` of them; else a paged range ``[lo, hi)``; else the whole row.
 """
@@ -188,6 +189,8 @@ class GroupKernel:
     ) -> Fault | None:
         """Check row ``r`` and add its change to ``plan`` (nothing when it holds what it held)."""
         held = self._held
+        if src in (r, PADDING) and _holds(held[r], ids):
+            return None  # it holds exactly what it held: nothing to check or write
         base = held[src] if src >= 0 else held[r] if src == PADDING else None
         new, fault = self._checked(r, ids, base, src == PADDING, convert)
         if fault is not None:
@@ -408,6 +411,16 @@ def _span(mark: Mark) -> tuple[int, int]:
     if mode == SPAN:
         return where[0], where[1]
     return min(where), max(where) + 1
+
+
+def _holds(held: list[int] | None, ids: list[Any]) -> bool:
+    """Whether ``ids`` are ``held``, id by id (an id whose comparison raises: not)."""
+    if held is None or len(held) != len(ids):
+        return False
+    try:
+        return ids == held
+    except Exception:
+        return False
 
 
 def _equal(x: object, held: int) -> bool:
