@@ -32,6 +32,7 @@ enum { CLEAN = 0, POSITIONS = 1, SPAN = 2, WHOLE = 3 };
 #define MARK 6   /* mode, count, p0..p3 */
 #define HEADER 8 /* row, n, mode, count, p0..p3 */
 #define CHECKED 16 /* record mode flag: a request's row, checked (padding rows are trusted) */
+#define STAMP_LIMIT (1 << 22) /* pools up to this many ids get a stamp table (16 MiB at most) */
 #define BIG LLONG_MIN /* stands for an int beyond int64: out of every range */
 
 typedef struct {
@@ -45,6 +46,8 @@ typedef struct {
     int32_t *lens;
     uint8_t *checked; /* rows: the held ids were checked as a request's (so hold no repeats) */
     int32_t *marks;
+    uint32_t *stamps;    /* [limit] generation stamps for the repeat check (NULL: limit too big) */
+    uint32_t generation;
 } GroupKernel;
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -131,6 +134,7 @@ static void kernel_dealloc(GroupKernel *self)
     PyMem_Free(self->lens);
     PyMem_Free(self->checked);
     PyMem_Free(self->marks);
+    PyMem_Free(self->stamps);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -191,6 +195,13 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     PyMem_Free(self->lens);
     PyMem_Free(self->checked);
     PyMem_Free(self->marks);
+    PyMem_Free(self->stamps);
+    self->stamps = NULL;
+    if (limit <= STAMP_LIMIT && !(self->stamps = PyMem_Calloc((size_t)limit, sizeof(uint32_t)))) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->generation = 0;
     self->stride = width < 128 ? (Py_ssize_t)width : 128;
     self->held = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows * self->stride + 1));
     self->lens = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows + 1));
@@ -362,10 +373,29 @@ static int compare_keys(const void *a, const void *b)
 /* The first position (in order) whose id appeared earlier in vals[0..n), or n. The ids are
  * range-checked (in [0, 2**31)). With few changed positions over a base without repeats, only
  * pairs holding a changed position can be equal. */
-static Py_ssize_t first_repeat(Scratch *s, Py_ssize_t n, Py_ssize_t nchg, int base_distinct)
+static Py_ssize_t first_repeat(GroupKernel *self, Scratch *s, Py_ssize_t n, Py_ssize_t nchg,
+                               int base_distinct)
 {
     const long long *vals = s->vals;
     Py_ssize_t best = n;
+    if (self->stamps && !(base_distinct && nchg <= MAX_POSITIONS)) {
+        /* One pass over a table of generation stamps per id (ids are in [0, limit) here). */
+        if (++self->generation == 0) {
+            memset(self->stamps, 0, sizeof(uint32_t) * (size_t)self->limit);
+            self->generation = 1;
+        }
+        Py_ssize_t p = 0;
+        for (; p < n; p++) {
+            if (vals[p] < 0 || vals[p] >= self->limit)
+                break; /* a held id from a row never checked: the sort below decides */
+            uint32_t *stamp = self->stamps + vals[p];
+            if (*stamp == self->generation)
+                return p;
+            *stamp = self->generation;
+        }
+        if (p == n)
+            return n;
+    }
     if (base_distinct && nchg <= MAX_POSITIONS) {
         for (Py_ssize_t i = 0; i < nchg; i++) {
             Py_ssize_t c = s->chg[i];
@@ -431,6 +461,10 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
     /* 1. ids: unchanged ones are the held ids; changed ones plain ints (others converted). */
     for (Py_ssize_t p = 0; p < n; p++) {
         PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
+#if defined(__GNUC__)
+        if (lst && p + 8 < n) /* the ids are scattered objects: fetch ahead of the walk */
+            __builtin_prefetch(PyList_GET_ITEM(lst, p + 8));
+#endif
         long long v;
         if (!x) { /* a held id the ops kept */
             v = vals[p];
@@ -518,7 +552,7 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
         }
     }
     if (!padding && nchg) {
-        Py_ssize_t j = first_repeat(s, n, nchg, src >= 0 && self->checked[src]);
+        Py_ssize_t j = first_repeat(self, s, n, nchg, src >= 0 && self->checked[src]);
         if (j < n) {
             PyObject *value = PyLong_FromLongLong(vals[j]);
             if (!value)
