@@ -31,6 +31,7 @@ then ``pad``.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ import numpy as np
 import torch
 
 from blockprep.block_table import BlockTableStats
-from blockprep.buffers import host_tensor
+from blockprep.buffers import check_writable, host_tensor
 from blockprep.engine import GroupKernel
 from blockprep.engine.twin import LENGTH, NEW, OPS, PAD_RANGE, PADDING, RANGE, REPEAT, TYPE
 from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
@@ -209,9 +210,11 @@ class GroupedTables:
         else:
             if share_memory:
                 raise ValueError("share_memory applies only to allocated buffers")
-            adopted = [_checked_adopted(groups, num_rows, b, s) for s, b in enumerate(buffers)]
-            if len(adopted) != slots:
-                raise ValueError(f"buffers must hold {slots} slots, got {len(adopted)}")
+            checked = [_checked_adopted(groups, num_rows, b, s) for s, b in enumerate(buffers)]
+            if len(checked) != slots:
+                raise ValueError(f"buffers must hold {slots} slots, got {len(checked)}")
+            _check_disjoint([({g.name: t[g.name] for g in groups}, c) for t, c in checked])
+            adopted = list(checked)
         self._slots = [
             _SlotState(groups, num_rows, share_memory, adopted[s], track_rows) for s in range(slots)
         ]
@@ -557,7 +560,22 @@ def _checked_adopted(
             raise ValueError(f"{where} must have shape {shape}, got {tuple(tensor.shape)}")
         if not tensor.is_contiguous():
             raise ValueError(f"{where} must be contiguous")
+        check_writable(tensor, where)  # read-only memory: an error here, not SIGSEGV later
     return tables, counts
+
+
+def _check_disjoint(adopted: Sequence[tuple[Mapping[str, torch.Tensor], torch.Tensor]]) -> None:
+    """No two adopted buffers (any slot, any group, the counts) share a byte: one would
+    overwrite the other's rows."""
+    spans = []
+    for slot, (tables, counts) in enumerate(adopted):
+        for name, tensor in [*tables.items(), ("counts", counts)]:
+            start = tensor.data_ptr()
+            spans.append((start, start + tensor.numel() * 4, f"buffers[{slot}][{name!r}]"))
+    spans.sort()
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise ValueError(f"{first} and {second} overlap: give each buffer its own memory")
 
 
 def _where(place: Callable[[int], str], row: int, group: TableGroup, key: Hashable) -> str:

@@ -1086,3 +1086,43 @@ def test_a_bad_slot_or_block_rows_is_refused_before_anything_is_written() -> Non
             gt.tables(bad)
     with pytest.raises(ValueError, match="block_rows must be positive"):
         GroupedTables([RING], 2, block_rows=0)
+
+
+# --- adopted buffers ------------------------------------------------------------------------------
+
+
+def adopted_slot(rows: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    tables = {g.name: torch.zeros(rows, g.width, dtype=torch.int32) for g in (RING, PAGED)}
+    return tables, torch.zeros(rows, 2, dtype=torch.int32)
+
+
+def test_adopted_buffers_that_overlap_are_refused() -> None:
+    """Groups, counts or slots over the same memory would overwrite each other's rows."""
+    tables, counts = adopted_slot(3)
+    shared = torch.zeros(3 * max(RING.width, PAGED.width), dtype=torch.int32)
+    cases = [
+        ({g.name: shared[: 3 * g.width].view(3, g.width) for g in (RING, PAGED)}, counts),
+        (tables, tables["pages"].view(-1)[:6].view(3, 2)),  # counts over a table's first rows
+    ]
+    for case in cases:
+        with pytest.raises(ValueError, match="overlap"):
+            GroupedTables([RING, PAGED], 3, buffers=[case])
+    with pytest.raises(ValueError, match="overlap"):
+        GroupedTables([RING, PAGED], 3, slots=2, buffers=[(tables, counts), (tables, counts)])
+    gt = GroupedTables([RING, PAGED], 3, slots=2, buffers=[adopted_slot(3), adopted_slot(3)])
+    rows = [[[1, 2], [3], [4, 5, 6]], [[7], [8, 9], []]]
+    step(gt, rows, ["a", "b", "c"], 1)
+    assert_slot(gt, 1, rows)
+
+
+def test_adopted_read_only_memory_is_refused(tmp_path: Any) -> None:
+    """A tensor over a read-only mapping would kill the process at the first commit."""
+    path = tmp_path / "table.bin"
+    path.write_bytes(bytes(3 * RING.width * 4))
+    mapped = np.memmap(path, dtype=np.int32, mode="r", shape=(3, RING.width))
+    with pytest.warns(UserWarning):
+        read_only = torch.from_numpy(mapped)
+    tables, counts = adopted_slot(3)
+    tables["swa"] = read_only
+    with pytest.raises(ValueError, match="read-only"):
+        GroupedTables([RING, PAGED], 3, buffers=[(tables, counts)])
