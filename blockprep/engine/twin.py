@@ -32,9 +32,10 @@ row whose held ids the row's request held, ``r`` itself when it stayed):
 
 Faults come in that order within a row, rows in visit order. A row that stays (``src`` is ``r``
 or ``PADDING``) and holds exactly the ids it held (same length, every id ``==``) is no change and
-is not checked. Any other row that holds what it held is checked, and is no change. Otherwise the slot marks say what to write: the positions that differ (a ring
-slot is the strided columns ``p, p + n, ...``; a paged position one cell, ``pad`` past the ids),
-at most ``MAX_POSITIONS`` of them; else a paged range ``[lo, hi)``; else the whole row.
+is not checked. Any other row that holds what it held is checked, and is no change. Otherwise
+the slot marks say what to write: the positions that differ (a ring slot is the strided columns
+``p, p + n, ...``; a paged position one cell, ``pad`` past the ids), at most ``MAX_POSITIONS`` of
+them; else a paged range ``[lo, hi)``; else the whole row.
 """
 
 from __future__ import annotations
