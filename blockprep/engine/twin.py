@@ -214,6 +214,21 @@ class GroupKernel:
         n = len(ids)
         base = base or []
         m = len(base)
+        if set(map(type, ids)) <= _INT:  # plain ints only: the rule 1 in C-level passes
+            new = ids[:]
+            short = min(n, m)
+            changed = [*compress(range(short), map(operator.ne, ids, base)), *range(short, n)]
+        else:
+            new, changed, fault = self._converted(r, ids, base, convert)
+            if fault is not None:
+                return None, fault
+        return self._rules(r, new, changed, padding)
+
+    def _converted(
+        self, r: int, ids: list[Any], base: list[int], convert: Callable[[object], int | None]
+    ) -> tuple[list[int], list[int], Fault | None]:
+        """The rule 1 id by id: the new ids, the changed positions, or the first type fault."""
+        n, m = len(ids), len(base)
         new: list[int] = []
         changed: list[int] = []
         for p in range(n):
@@ -232,9 +247,16 @@ class GroupKernel:
                     new.append(base[p])
                     continue
                 if type(x) is not int:
-                    return None, (TYPE, r, ids[p])
+                    return new, changed, (TYPE, r, ids[p])
             new.append(x)
             changed.append(p)
+        return new, changed, None
+
+    def _rules(
+        self, r: int, new: list[int], changed: list[int], padding: bool
+    ) -> tuple[list[int] | None, Fault | None]:
+        """The rules 2-4 on a row's ids (plain ints) and its changed positions."""
+        n = len(new)
         if padding:
             if n > self.width or (self.ring and n == 0):
                 return None, (LENGTH, r, n)
