@@ -8,8 +8,12 @@ padding rules and error messages. The tables live in a :class:`~blockprep.groupe
 changed since the latest step of any slot and every buffer still equals upstream's full rebuild
 (:func:`blockprep.reference.deepseek_v4_decode_rebuild`). This package holds only what is
 DeepSeek's: ``layout`` (groups, widths, ring lengths, scratch pages), ``assignment`` (ranks and
-local rows), ``checks`` (upstream's block-id checks in upstream's order), ``mtp``,
-``preparer`` (the dynamic inputs, the hidden-state contract, the step) and ``abi`` (upstream's
+local rows), ``checks`` (upstream's block-id checks in upstream's order), ``rows`` (a step's
+token and position rows, lengths and hidden states, with upstream's checks), ``inputs`` (the
+record a step returns), ``dynamic`` (the writes of the buffers besides the tables),
+``lifecycle`` (buffer slots, their buffers and locks, what a slot holds), ``tables`` (binding
+and planning the tables), ``verify`` (verify mode), ``mtp`` (accepted drafts, the speculative
+batch), ``preparer`` (:class:`DeepSeekV4DecodePreparer`, the step) and ``abi`` (upstream's
 recorded ``l3_decode_fwd`` arguments: names, positions, shapes, dtypes).
 
 Upstream's life cycle (pypto-runtime.md section 5): the buffers are named as the kernel's

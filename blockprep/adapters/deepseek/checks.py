@@ -120,3 +120,9 @@ def upstream_error(
                 if n > group.width:
                     return ValueError(_length_message(group, local, n))
     return None
+
+
+def raise_first(error: Exception | None) -> None:
+    """Raise ``error`` (upstream's first error, from the functions above) unless it is ``None``."""
+    if error is not None:
+        raise error

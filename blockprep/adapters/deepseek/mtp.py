@@ -1,11 +1,19 @@
-"""DeepSeek V4 speculative decoding: which drafted tokens a request keeps (seed-semantics 8)."""
+"""DeepSeek V4 speculative decoding: which drafted tokens a request keeps (seed-semantics 8),
+and the batch that verifies the drafts.
+
+Contract: :func:`accept_mtp_tokens` and :func:`speculative_batch` read their arguments, raise
+upstream's messages when they are wrong, and return new values; neither holds or writes state.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
+from blockprep.adapters.deepseek.rows import HOST_HIDDEN_MESSAGE, integer_array
+from blockprep.batch import DecodeBatch
 from blockprep.ids import has_integer_dtype
 
 
@@ -50,3 +58,52 @@ def integer_tensor(values: object, name: str) -> torch.Tensor:
     if not has_integer_dtype(tensor):
         raise TypeError(f"{name} must hold integer token ids, got dtype {tensor.dtype}")
     return tensor
+
+
+def speculative_batch(
+    batch: DecodeBatch,
+    draft_token_ids: torch.Tensor,
+    draft_hidden_states: torch.Tensor | None,
+    *,
+    host: bool,
+) -> DecodeBatch:
+    """:meth:`~blockprep.adapters.deepseek.DeepSeekV4DecodePreparer.speculative_batch`, for a
+    preparer with ``embedding="host"`` (``host``) or ``"device"``."""
+    hidden = batch.hidden_states
+    if host:
+        if hidden is None:
+            raise ValueError(HOST_HIDDEN_MESSAGE)
+        if draft_hidden_states is None:
+            raise ValueError('embedding="host" needs the drafts\' host embeddings')
+        if tuple(draft_hidden_states.shape) != tuple(hidden.shape):
+            raise ValueError("MTP previous embeddings must align with draft embeddings")
+    A = len(batch.request_ids)
+    drafts = integer_tensor(draft_token_ids, "draft_token_ids").reshape(-1)
+    if drafts.numel() != A:
+        raise ValueError(f"draft_token_ids must have {A} entries, got {drafts.numel()}")
+    integer_array(drafts, "draft_token_ids")  # uint64 above int64 would wrap
+    current = batch.token_ids if batch.token_ids.ndim == 1 else batch.token_ids[:, 0]
+    return DecodeBatch(
+        request_ids=list(batch.request_ids),
+        token_ids=drafts.to(torch.int64)[:, None],
+        seq_lens=batch.seq_lens + 1,
+        hidden_states=(
+            draft_hidden_states.to(hidden.dtype)
+            if host and draft_hidden_states is not None and hidden is not None
+            else None
+        ),
+        block_ids=batch.block_ids,
+        block_ids_by_group=batch.block_ids_by_group,
+        cache_partitions=list(batch.cache_partitions),
+        prev_token_ids=current.clone(),
+        prev_hidden_states=hidden if host else None,
+        block_deltas=_unchanged(batch.block_deltas),
+    )
+
+
+def _unchanged(message: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The message saying that nothing changed since ``message`` (``None`` for ``None``)."""
+    if message is None:
+        return None
+    seq = message.get("seq")
+    return {"seq": seq, "base": seq, "rows": {}}

@@ -1,0 +1,242 @@
+"""DeepSeek V4 buffer slots and their life cycle: each slot's buffers (allocated here, or
+upstream's own adopted), its lock, and the step it holds for a re-stage.
+
+Contract (the threading rules of :class:`~blockprep.adapters.deepseek.DeepSeekV4DecodePreparer`):
+
+- :func:`holding` takes one slot's lock without waiting and raises :class:`SlotBusyError` when
+  another thread holds it; :func:`preparing` takes a prepare's slot lock (when ``buffer_slot``
+  names a slot: otherwise the step's checks raise upstream's message in upstream's order), then
+  the planning lock shared by every slot; :func:`all_slots` takes every slot's lock, then the
+  planning lock;
+- :func:`slot_number` checks a ``buffer_slot`` (``"decode buffer_slot must be 0 or 1, got
+  ..."``);
+- a :class:`Slot` holds what its last prepare staged (:class:`Prepared`, ``None`` until then and
+  after binding or invalidating); :func:`prepared_step` hands it to a re-stage of a batch with the
+  same requests in the same order on the same partitions, upstream's messages otherwise;
+- :func:`allocated` and :func:`adopted` give every slot's buffers by kernel argument name, once:
+  their addresses never change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from blockprep.adapters.deepseek.abi import GROUP_ARGUMENTS, PREPARED_ARGUMENTS
+from blockprep.adapters.deepseek.assignment import Assignment
+from blockprep.adapters.deepseek.dynamic import DynamicInputs
+from blockprep.adapters.deepseek.inputs import DeepSeekV4DecodeInputs
+from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
+from blockprep.adapters.deepseek.rows import Mode
+from blockprep.adapters.kernel_abi import ArgSpec
+from blockprep.batch import DecodeBatch
+from blockprep.buffers import check_writable, host_tensor
+from blockprep.ids import as_int
+
+REQUEST_ORDER_MESSAGE = "prepared decode request order changed before execution"
+PARTITIONS_MESSAGE = "prepared decode cache partitions changed before execution"
+
+
+class SlotBusyError(RuntimeError):
+    """A call on a buffer slot that another thread is preparing or re-staging right now (raised
+    at once, never waited for; ``slot`` names it)."""
+
+    def __init__(self, slot: int, what: str) -> None:
+        super().__init__(
+            f"DeepSeekV4 decode buffer slot {slot} is busy (another thread is preparing or "
+            f"re-staging it); {what} does not wait"
+        )
+        self.slot = slot
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a slot's last prepare wrote, for :meth:`DeepSeekV4DecodePreparer.restage`."""
+
+    mode: Mode
+    request_ids: tuple[Any, ...]
+    partitions: list[Any]
+    assignment: Assignment
+    inputs: DeepSeekV4DecodeInputs
+
+
+class Slot:
+    """One buffer slot: its buffers by kernel argument name, its lock, what it holds."""
+
+    def __init__(
+        self,
+        layout: DeepSeekV4Layout,
+        buffers: Mapping[str, torch.Tensor],
+        hidden_size: int | None,
+        share: bool,
+    ) -> None:
+        R, b = layout.ranks, layout.decode_batch
+        self.buffers = dict(buffers)
+        self.lock = threading.Lock()
+        self.dynamic = DynamicInputs(layout, buffers, hidden_size, share)
+        self.tables = {group: buffers[argument] for group, argument in GROUP_ARGUMENTS.items()}
+        self.flat_tables = {g: t.view(R * b, -1) for g, t in self.tables.items()}
+        self.counts = buffers["block_counts"]
+        self.prepared: Prepared | None = None
+        self.dirty: set[int] = set(range(R))
+
+    def inputs(
+        self, assignment: Assignment, number: int, decode_seq: int, active_seq: int
+    ) -> DeepSeekV4DecodeInputs:
+        """The record of the step just written into this slot (slot ``number``)."""
+        dynamic = self.dynamic
+        return DeepSeekV4DecodeInputs(
+            tables=MappingProxyType(self.tables),
+            block_counts=self.counts,
+            input_ids=dynamic.input_ids,
+            position_ids=dynamic.position_ids,
+            kv_seq_lens=dynamic.kv_seq_lens,
+            num_tokens_per_owner=dynamic.num_tokens_per_owner,
+            logit_row_indices=dynamic.logit_row_indices,
+            x_hc=dynamic.x_hc,
+            ranks=assignment.ranks,
+            local_rows=assignment.local_rows,
+            buffer_slot=number,
+            decode_seq=decode_seq,
+            active_seq=active_seq,
+            request_ids=tuple(assignment.request_ids),
+        )
+
+
+def prepared_step(slot: Slot, number: int, batch: DecodeBatch) -> Prepared:
+    """The step ``slot`` holds, for a re-stage of ``batch`` (upstream's checks)."""
+    prepared = slot.prepared
+    if prepared is None:
+        raise RuntimeError(
+            f"DeepSeekV4 decode buffer slot {number} holds no prepared step to re-stage "
+            "(prepare it first; binding the pool sizes or invalidating forgets it)"
+        )
+    if tuple(batch.request_ids) != prepared.request_ids:
+        raise ValueError(REQUEST_ORDER_MESSAGE)
+    if list(batch.cache_partitions) != prepared.partitions:
+        raise ValueError(PARTITIONS_MESSAGE)
+    return prepared
+
+
+# --- locks ---------------------------------------------------------------------------------------
+
+
+def slot_number(buffer_slot: object, slots: int) -> int:
+    number = buffer_slot if type(buffer_slot) is int else as_int(buffer_slot, "buffer_slot")
+    if not 0 <= number < slots:
+        raise ValueError(f"decode buffer_slot must be {_slot_choices(slots)}, got {buffer_slot}")
+    return number
+
+
+def _slot_choices(slots: int) -> str:
+    choices = [str(s) for s in range(slots)]
+    return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+@contextmanager
+def holding(slot: Slot, number: object, what: str) -> Iterator[None]:
+    if not slot.lock.acquire(blocking=False):
+        raise SlotBusyError(as_int(number, "buffer_slot"), what)
+    try:
+        yield
+    finally:
+        slot.lock.release()
+
+
+@contextmanager
+def preparing(
+    slots: Sequence[Slot], plan_lock: threading.Lock, buffer_slot: object, what: str
+) -> Iterator[None]:
+    """A prepare: its slot's lock (when ``buffer_slot`` names one; otherwise the checks
+    raise upstream's message in upstream's order), then the planning lock."""
+    slot = None
+    try:
+        number = as_int(buffer_slot, "buffer_slot")
+    except (TypeError, ValueError):
+        number = -1  # not a slot: the checks raise upstream's message in upstream's order
+    if 0 <= number < len(slots):
+        slot = slots[number]
+    with ExitStack() as stack:
+        if slot is not None:
+            stack.enter_context(holding(slot, number, what))
+        stack.enter_context(plan_lock)
+        yield
+
+
+@contextmanager
+def all_slots(slots: Sequence[Slot], plan_lock: threading.Lock, what: str) -> Iterator[None]:
+    with ExitStack() as stack:
+        for number, slot in enumerate(slots):
+            stack.enter_context(holding(slot, number, what))
+        stack.enter_context(plan_lock)
+        yield
+
+
+# --- buffers -------------------------------------------------------------------------------------
+
+
+def allocated(
+    specs: Mapping[str, ArgSpec], slots: int, share: bool
+) -> list[dict[str, torch.Tensor]]:
+    """Every slot's buffers, new: zeros (``logit_row_indices``: -1), in shared memory with
+    ``share``."""
+    return [
+        {
+            name: host_tensor(
+                spec.shape,
+                spec.dtype,
+                fill=-1 if name == "logit_row_indices" else 0,
+                share_memory=share,
+            )
+            for name, spec in specs.items()
+        }
+        for _ in range(slots)
+    ]
+
+
+def adopted(
+    buffers: Sequence[Mapping[str, torch.Tensor]],
+    specs: Mapping[str, ArgSpec],
+    slots: int,
+) -> list[dict[str, torch.Tensor]]:
+    """Upstream's buffers, checked: per slot, every prepared argument by name, a contiguous,
+    writable CPU tensor of the recorded dtype and shape; no two overlapping."""
+    if isinstance(buffers, Mapping) or not isinstance(buffers, Sequence):
+        raise TypeError("buffers must be a sequence of mappings, one per buffer slot")
+    if len(buffers) != slots:
+        raise ValueError(f"buffers must hold {slots} buffer slots, got {len(buffers)}")
+    adopted = []
+    spans: list[tuple[int, int, str]] = []
+    for s, given in enumerate(buffers):
+        if not isinstance(given, Mapping):
+            raise TypeError(f"buffers[{s}] must map kernel argument names to tensors")
+        missing = [name for name in PREPARED_ARGUMENTS if name not in given]
+        if missing:
+            raise ValueError(f"buffers[{s}] is missing {', '.join(missing)}")
+        slot = {}
+        for name in PREPARED_ARGUMENTS:
+            tensor, where = given[name], f"buffers[{s}][{name!r}]"
+            specs[name].check(tensor, where)  # a tensor of the recorded dtype and shape
+            if tensor.device.type != "cpu":
+                raise ValueError(f"{where} must be a CPU tensor, got one on {tensor.device}")
+            if not tensor.is_contiguous():
+                raise ValueError(f"{where} must be contiguous")
+            if tensor.requires_grad:
+                raise ValueError(f"{where} must not require grad")
+            check_writable(tensor, where)
+            start = tensor.data_ptr()
+            spans.append((start, start + tensor.numel() * tensor.element_size(), where))
+            slot[name] = tensor
+        adopted.append(slot)
+    spans.sort()
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise ValueError(f"{second} overlaps {first}: every buffer needs its own memory")
+    return adopted

@@ -1,0 +1,131 @@
+"""The DeepSeek V4 tables of a step: the :class:`~blockprep.grouped.GroupedTables` over every
+slot's 7 tables and ``block_counts``, and a step's plan from the batch's id lists or from a
+:mod:`blockprep.wire` message.
+
+Contract: :func:`bind_tables` builds the tables over ``ranks * decode_batch`` rows (one per
+``rank * decode_batch + local`` kernel row, keyed by request id) on the slots' own buffers, and
+the scratch lists ``[num_blocks + k]`` of each rank's ``k``-th padding row (never mutated). A plan
+decides every group's rows in table order and writes nothing (the caller commits it); when the
+plan of id lists finds a fault, upstream's first error for the whole batch
+(:func:`~blockprep.adapters.deepseek.checks.upstream_error`) is raised, the plan's own error (the
+id rule) when upstream had none.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from blockprep.adapters.deepseek.assignment import Assignment
+from blockprep.adapters.deepseek.checks import raise_first, upstream_error
+from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
+from blockprep.adapters.deepseek.lifecycle import Slot
+from blockprep.batch import DecodeBatch
+from blockprep.grouped import BlockIdValueError, GroupedStep, GroupedTables, TableGroup
+from blockprep.wire import DeltaCursor, DeltaMessageError
+
+Scratch = list[list[list[int]]]
+"""Per group, per local row ``k``: the scratch list ``[num_blocks + k]`` of a padding row."""
+
+_GROUP_IDS = operator.itemgetter(*GROUP_NAMES)
+_GROUP_INDEX = {name: gi for gi, name in enumerate(GROUP_NAMES)}
+
+
+def bind_tables(
+    layout: DeepSeekV4Layout, slots: Sequence[Slot], track: bool
+) -> tuple[GroupedTables, Scratch]:
+    """The tables of a bound ``layout`` over ``slots``' buffers, and the scratch lists."""
+    R, b = layout.ranks, layout.decode_batch
+    groups = []
+    for g in layout.groups:
+        assert g.num_blocks is not None
+        groups.append(TableGroup(g.name, g.kind, g.width, g.num_blocks, min_ids=1))
+    tables = GroupedTables(
+        groups,
+        R * b,
+        slots=len(slots),
+        buffers=[(slot.flat_tables, slot.counts.view(R * b, -1)) for slot in slots],
+        track_rows=track,
+    )
+    # Scratch rows: [num_blocks + k] for the k-th padding row of a rank; never mutated.
+    scratch = [[[n + k] for k in range(b)] for n in layout.num_blocks.values()]
+    return tables, scratch
+
+
+def plan_tables(
+    tables: GroupedTables,
+    layout: DeepSeekV4Layout,
+    batch: DecodeBatch,
+    assignment: Assignment,
+    scratch: Scratch,
+) -> GroupedStep:
+    """Every group's rows in table order (requests by assignment, scratch pages on padding
+    rows), planned by the grouped tables; on any error, upstream's first error wins."""
+    perm = assignment.perm
+    try:
+        columns: list[Sequence[Any]]
+        columns = list(zip(*map(_GROUP_IDS, batch.block_ids_by_group), strict=True))
+        if not assignment.in_order:
+            columns = [
+                list(map((*column, *pages).__getitem__, perm))
+                for column, pages in zip(columns, scratch, strict=True)
+            ]
+        return tables.plan(columns, assignment.occupants, lambda r: f"decode row {perm[r]}")
+    except (KeyError, TypeError, BlockIdValueError) as error:
+        # the id rule, or a row that is no mapping, a group missing: upstream's error first
+        raise_first(upstream_error(layout, batch, assignment))
+        raise error from None
+
+
+def plan_deltas(
+    tables: GroupedTables,
+    cursor: DeltaCursor,
+    message: object,
+    batch: DecodeBatch,
+    assignment: Assignment,
+    scratch: Scratch,
+) -> tuple[GroupedStep, int]:
+    """Plan the tables from a :mod:`blockprep.wire` message (``{request: {group: ops}}``)
+    on what they hold: the step costs what changed. Returns the step and the message's
+    number (``cursor`` checks the message builds on the last one applied; the caller moves it
+    on once the step is committed)."""
+    seq, rows = cursor.check(message)
+    if batch.block_ids_by_group:
+        raise ValueError("a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both")
+    changes: list[dict[int, Any]] = [{} for _ in GROUP_NAMES]
+    if rows:
+        row_of = assignment.row_of
+        for request, groups in rows.items():
+            row = row_of.get(request)
+            if row is None:
+                raise DeltaMessageError(
+                    f"block delta ops for request {request!r}, which is not in the batch"
+                )
+            if type(groups) is not dict and not isinstance(groups, Mapping):
+                raise DeltaMessageError(
+                    f"request {request!r}: block delta ops must be a dict by group, got "
+                    f"{type(groups).__name__}"
+                )
+            for name, ops in groups.items():
+                gi = _GROUP_INDEX.get(name)
+                if gi is None:
+                    raise DeltaMessageError(
+                        f"request {request!r}: unknown group {name!r}; the groups are "
+                        f"{list(GROUP_NAMES)}"
+                    )
+                changes[gi][row] = ops
+    perm = assignment.perm
+    A = len(assignment.ranks)
+
+    def padding(group: int, row: int) -> list[int]:
+        return scratch[group][perm[row] - A]
+
+    step = tables.plan_deltas(
+        changes,
+        assignment.occupants,
+        padding,
+        lambda r: f"decode row {perm[r]}",
+        whole=isinstance(message, Mapping) and message.get("base") is None,
+    )
+    return step, seq
