@@ -1,0 +1,71 @@
+/* kernel.h: what _kernel.c (the type, commit) and stage.c (stage, stage_ops) share. */
+#ifndef BLOCKPREP_KERNEL_H
+#define BLOCKPREP_KERNEL_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h>
+#endif
+
+enum { PADDING = -2, NEW = -1 };
+enum { F_TYPE = 1, F_LENGTH = 2, F_RANGE = 3, F_REPEAT = 4, F_PAD_RANGE = 5, F_OPS = 6 };
+enum { CLEAN = 0, POSITIONS = 1, SPAN = 2, WHOLE = 3 };
+#define MAX_POSITIONS 4
+#define MARK 6   /* mode, count, p0..p3 */
+#define HEADER 8 /* row, n, mode, count, p0..p3 */
+#define CHECKED 16 /* record mode flag: a request's row, checked (padding rows are trusted) */
+#define STAMP_LIMIT (1 << 22) /* pools up to this many ids get a stamp table (16 MiB at most) */
+#define BIG LLONG_MIN /* stands for an int beyond int64: out of every range */
+
+typedef struct {
+    PyObject_HEAD
+    int ring;
+    Py_ssize_t width, shortest, rows, slots;
+    Py_ssize_t stride; /* held row stride: grows with the longest row, at most width */
+    long long limit;
+    int32_t pad;
+    int32_t *held;
+    int32_t *lens;
+    uint8_t *checked; /* rows: the held ids were checked as a request's (so hold no repeats) */
+    int32_t *marks;
+    uint32_t *stamps;    /* [limit] generation stamps for the repeat check (NULL: limit too big) */
+    uint32_t generation;
+} GroupKernel;
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+/* The value of an exact int; BIG when it does not fit in a long long. Never fails. */
+static inline long long exact_value(PyObject *x)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)x))
+        return (long long)PyUnstable_Long_CompactValue((PyLongObject *)x);
+#else
+    Py_ssize_t size = Py_SIZE(x); /* digits, signed: one digit holds 30 bits */
+    if (size == 0)
+        return 0;
+    if (size == 1)
+        return (long long)((PyLongObject *)x)->ob_digit[0];
+    if (size == -1)
+        return -(long long)((PyLongObject *)x)->ob_digit[0];
+#endif
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(x, &overflow);
+    return overflow ? BIG : v;
+}
+
+/* Shared between the two files (defined in _kernel.c, or in stage.c for the stage methods). */
+int bk_int_arg(PyObject *x, const char *name, long long lo, long long hi, long long *out);
+PyObject *bk_fault(int code, Py_ssize_t row, PyObject *value);
+int bk_grow_held(GroupKernel *self, Py_ssize_t n);
+int bk_init_tags(void);
+PyObject *bk_stage(GroupKernel *self, PyObject *args);
+PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
+
+#endif

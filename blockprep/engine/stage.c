@@ -1,0 +1,644 @@
+/*
+ * stage.c: GroupKernel.stage and GroupKernel.stage_ops (see _kernel.c for the state and
+ * blockprep/engine/twin.py for the rules): check a step's rows against the held ids and write
+ * the plan's records; nothing persistent changes but the held stride (bk_grow_held, values kept).
+ */
+#include "kernel.h"
+
+/* ---- stage ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    int32_t *out; /* the plan's records */
+    Py_ssize_t used, cap;
+    long long *vals;  /* one row's ids */
+    PyObject **objs;  /* a row built from ops: its id objects (owned), NULL for a held id */
+    Py_ssize_t nobjs; /* objs[0..nobjs) hold references */
+    Py_ssize_t *chg;  /* its changed positions */
+    uint64_t *keys;   /* (value, position) pairs for the repeat check */
+    Py_ssize_t row_cap;
+} Scratch;
+
+static void scratch_drop_objs(Scratch *s, Py_ssize_t from)
+{
+    for (Py_ssize_t p = from; p < s->nobjs; p++)
+        Py_CLEAR(s->objs[p]);
+    if (from < s->nobjs)
+        s->nobjs = from;
+}
+
+static void scratch_free(Scratch *s)
+{
+    scratch_drop_objs(s, 0);
+    PyMem_Free(s->out);
+    PyMem_Free(s->vals);
+    PyMem_Free(s->objs);
+    PyMem_Free(s->chg);
+    PyMem_Free(s->keys);
+}
+
+/* Room for rows of n ids, keeping what the row arrays hold. */
+static int scratch_row(Scratch *s, Py_ssize_t n)
+{
+    if (n <= s->row_cap)
+        return 0;
+    Py_ssize_t cap = s->row_cap ? s->row_cap : 64;
+    while (cap < n) {
+        if (cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(uint64_t)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    long long *vals = PyMem_Realloc(s->vals, sizeof(long long) * (size_t)cap);
+    if (vals)
+        s->vals = vals;
+    PyObject **objs = PyMem_Realloc(s->objs, sizeof(PyObject *) * (size_t)cap);
+    if (objs)
+        s->objs = objs;
+    Py_ssize_t *chg = PyMem_Realloc(s->chg, sizeof(Py_ssize_t) * (size_t)cap);
+    if (chg)
+        s->chg = chg;
+    uint64_t *keys = PyMem_Realloc(s->keys, sizeof(uint64_t) * (size_t)cap);
+    if (keys)
+        s->keys = keys;
+    if (!vals || !objs || !chg || !keys) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->row_cap = cap;
+    return 0;
+}
+
+static int32_t *scratch_record(Scratch *s, Py_ssize_t n)
+{
+    Py_ssize_t need = s->used + HEADER + n;
+    if (need > s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap : 1024;
+        while (cap < need)
+            cap *= 2;
+        int32_t *grown = PyMem_Realloc(s->out, sizeof(int32_t) * (size_t)cap);
+        if (!grown) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        s->out = grown;
+        s->cap = cap;
+    }
+    int32_t *rec = s->out + s->used;
+    s->used = need;
+    return rec;
+}
+
+static int compare_keys(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The first position (in order) whose id appeared earlier in vals[0..n), or n. The ids are
+ * range-checked (in [0, 2**31)). With few changed positions over a base without repeats, only
+ * pairs holding a changed position can be equal. */
+static Py_ssize_t first_repeat(GroupKernel *self, Scratch *s, Py_ssize_t n, Py_ssize_t nchg,
+                               int base_distinct)
+{
+    const long long *vals = s->vals;
+    Py_ssize_t best = n;
+    if (self->stamps && !(base_distinct && nchg <= MAX_POSITIONS)) {
+        /* One pass over a table of generation stamps per id (ids are in [0, limit) here). */
+        if (++self->generation == 0) {
+            memset(self->stamps, 0, sizeof(uint32_t) * (size_t)self->limit);
+            self->generation = 1;
+        }
+        Py_ssize_t p = 0;
+        for (; p < n; p++) {
+            if (vals[p] < 0 || vals[p] >= self->limit)
+                break; /* a held id from a row never checked: the sort below decides */
+            uint32_t *stamp = self->stamps + vals[p];
+            if (*stamp == self->generation)
+                return p;
+            *stamp = self->generation;
+        }
+        if (p == n)
+            return n;
+    }
+    if (base_distinct && nchg <= MAX_POSITIONS) {
+        for (Py_ssize_t i = 0; i < nchg; i++) {
+            Py_ssize_t c = s->chg[i];
+            for (Py_ssize_t k = 0; k < n; k++)
+                if (k != c && vals[k] == vals[c]) {
+                    Py_ssize_t j = k > c ? k : c;
+                    if (j < best)
+                        best = j;
+                }
+        }
+        return best;
+    }
+    for (Py_ssize_t p = 0; p < n; p++)
+        s->keys[p] = ((uint64_t)(uint32_t)vals[p] << 32) | (uint64_t)p;
+    qsort(s->keys, (size_t)n, sizeof(uint64_t), compare_keys);
+    /* In a run of equal ids (sorted by position), the second position is the first repeat. */
+    for (Py_ssize_t p = 1; p < n; p++) {
+        uint64_t id = s->keys[p] >> 32;
+        if (id == (s->keys[p - 1] >> 32) && (p == 1 || id != (s->keys[p - 2] >> 32))) {
+            Py_ssize_t j = (Py_ssize_t)(s->keys[p] & 0xffffffffu);
+            if (j < best)
+                best = j;
+        }
+    }
+    return best;
+}
+
+/* The value object of position p for a fault: the exact int itself, or convert(x) again. */
+static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p, PyObject *convert)
+{
+    PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
+    if (!x)
+        return PyLong_FromLongLong(s->vals[p]);
+    if (PyLong_CheckExact(x)) {
+        Py_INCREF(x);
+        return x;
+    }
+    return PyObject_CallOneArg(convert, x);
+}
+
+/* Decide one visited row: append its record to s->out (or nothing: unchanged). Its n ids are
+ * the items of lst (the caller's list) or, with lst NULL, the cells s->objs (NULL cells: a held
+ * id, already in s->vals). Returns 0, 1 with *fault_out set, or -1 with an exception. */
+static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
+                     long long src, PyObject *convert, PyObject **fault_out)
+{
+    const Py_ssize_t W = self->width;
+    if (n <= W && bk_grow_held(self, n) < 0) /* before any pointer into held is taken */
+        return -1;
+    const Py_ssize_t stride = self->stride;
+    const int padding = src == PADDING;
+    const int32_t *base = NULL;
+    Py_ssize_t m = 0;
+    long long from = src >= 0 ? src : (padding ? r : -1);
+    if (from >= 0 && self->lens[from] >= 0) {
+        base = self->held + from * stride;
+        m = self->lens[from];
+    }
+    if (scratch_row(s, n) < 0)
+        return -1;
+    long long *vals = s->vals;
+    Py_ssize_t nchg = 0;
+    /* 1. ids: unchanged ones are the held ids; changed ones plain ints (others converted). */
+    for (Py_ssize_t p = 0; p < n; p++) {
+        PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
+#if defined(__GNUC__)
+        if (lst && p + 8 < n) /* the ids are scattered objects: fetch ahead of the walk */
+            __builtin_prefetch(PyList_GET_ITEM(lst, p + 8));
+#endif
+        long long v;
+        if (!x) { /* a held id the ops kept */
+            v = vals[p];
+            if (p < m && v == base[p])
+                continue;
+        } else if (PyLong_CheckExact(x)) {
+            v = exact_value(x);
+            if (p < m && v == base[p]) {
+                vals[p] = v;
+                continue;
+            }
+        } else {
+            /* Callbacks may run any code: hold x, and check the row kept its size. */
+            Py_INCREF(x);
+            int equal = 0;
+            if (p < m) {
+                PyObject *h = PyLong_FromLong(base[p]);
+                if (!h) {
+                    Py_DECREF(x);
+                    return -1;
+                }
+                equal = PyObject_RichCompareBool(x, h, Py_EQ);
+                Py_DECREF(h);
+                if (equal < 0) {
+                    PyErr_Clear();
+                    equal = 0;
+                }
+            }
+            PyObject *c = NULL;
+            if (!equal) {
+                c = PyObject_CallOneArg(convert, x);
+                if (!c) {
+                    Py_DECREF(x);
+                    return -1;
+                }
+            }
+            if (lst && PyList_GET_SIZE(lst) != n) {
+                Py_XDECREF(c);
+                Py_DECREF(x);
+                PyErr_Format(PyExc_RuntimeError, "row %zd changed while it was planned", r);
+                return -1;
+            }
+            if (equal) {
+                Py_DECREF(x);
+                vals[p] = base[p];
+                continue;
+            }
+            if (!PyLong_CheckExact(c)) {
+                *fault_out = bk_fault(F_TYPE, r, x);
+                Py_DECREF(c);
+                Py_DECREF(x);
+                return *fault_out ? 1 : -1;
+            }
+            v = exact_value(c);
+            Py_DECREF(c);
+            Py_DECREF(x);
+        }
+        vals[p] = v;
+        s->chg[nchg++] = p;
+    }
+    if (from == r && base && nchg == 0 && n == m)
+        return 0; /* it holds exactly what it held: nothing to check or write (as the twin) */
+    /* 2. length, 3. range, 4. repeats. */
+    int bad_length = padding ? (n > W || (self->ring && n == 0))
+                             : (n < self->shortest || n > W);
+    if (bad_length) {
+        PyObject *value = PyLong_FromSsize_t(n);
+        if (!value)
+            return -1;
+        *fault_out = bk_fault(F_LENGTH, r, value);
+        Py_DECREF(value);
+        return *fault_out ? 1 : -1;
+    }
+    for (Py_ssize_t i = 0; i < nchg; i++) {
+        long long v = vals[s->chg[i]];
+        int bad = padding ? (v == BIG || v < INT32_MIN || v > INT32_MAX)
+                          : (v == BIG || v < 0 || v >= self->limit);
+        if (bad) {
+            PyObject *value = value_at(s, lst, s->chg[i], convert);
+            if (!value)
+                return -1;
+            *fault_out = bk_fault(padding ? F_PAD_RANGE : F_RANGE, r, value);
+            Py_DECREF(value);
+            return *fault_out ? 1 : -1;
+        }
+    }
+    if (!padding && nchg) {
+        Py_ssize_t j = first_repeat(self, s, n, nchg, src >= 0 && self->checked[src]);
+        if (j < n) {
+            PyObject *value = PyLong_FromLongLong(vals[j]);
+            if (!value)
+                return -1;
+            *fault_out = bk_fault(F_REPEAT, r, value);
+            Py_DECREF(value);
+            return *fault_out ? 1 : -1;
+        }
+    }
+    /* The mark: what a slot holding a render of row r's held ids must write. */
+    int32_t om = self->lens[r];
+    const int32_t *old = self->held + r * stride;
+    int32_t mode, count = 0, pos[MAX_POSITIONS] = {0, 0, 0, 0}, lo = -1, hi = -1;
+    if (om < 0 || (self->ring && om != n)) {
+        mode = WHOLE;
+    } else {
+        Py_ssize_t shorter = n < om ? n : om, longer = n < om ? om : n, differ = 0;
+        for (Py_ssize_t p = 0; p < longer; p++) {
+            if (p < shorter && vals[p] == old[p])
+                continue;
+            if (differ < MAX_POSITIONS)
+                pos[differ] = (int32_t)p;
+            if (lo < 0)
+                lo = (int32_t)p;
+            hi = (int32_t)p + 1;
+            differ++;
+        }
+        if (!differ)
+            return 0; /* it holds exactly what it held */
+        if (differ <= MAX_POSITIONS) {
+            mode = POSITIONS;
+            count = (int32_t)differ;
+        } else if (self->ring) {
+            mode = WHOLE;
+        } else {
+            mode = SPAN;
+            pos[0] = lo;
+            pos[1] = hi;
+        }
+    }
+    int32_t *rec = scratch_record(s, n);
+    if (!rec)
+        return -1;
+    rec[0] = (int32_t)r;
+    rec[1] = (int32_t)n;
+    rec[2] = mode | (padding ? 0 : CHECKED);
+    rec[3] = count;
+    memcpy(rec + 4, pos, sizeof pos);
+    for (Py_ssize_t p = 0; p < n; p++)
+        rec[HEADER + p] = (int32_t)vals[p];
+    return 0;
+}
+
+PyObject *bk_stage(GroupKernel *self, PyObject *args)
+{
+    PyObject *rows, *lists, *srcs, *convert;
+    if (!PyArg_ParseTuple(args, "OOOO:stage", &rows, &lists, &srcs, &convert))
+        return NULL;
+    if (!PyList_CheckExact(lists) || !PyList_CheckExact(srcs) ||
+        (rows != Py_None && !PyList_CheckExact(rows))) {
+        PyErr_SetString(PyExc_TypeError, "rows (or None), lists and srcs must be lists");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(srcs) != self->rows) {
+        PyErr_Format(PyExc_ValueError, "srcs must hold %zd rows, got %zd", self->rows,
+                     PyList_GET_SIZE(srcs));
+        return NULL;
+    }
+    Py_ssize_t visits = rows == Py_None ? self->rows : PyList_GET_SIZE(rows);
+    if (PyList_GET_SIZE(lists) != visits) {
+        PyErr_Format(PyExc_ValueError, "lists must hold %zd rows, got %zd", visits,
+                     PyList_GET_SIZE(lists));
+        return NULL;
+    }
+    Scratch s = {0};
+    PyObject *fault_value = NULL, *result = NULL;
+    for (Py_ssize_t i = 0; i < visits; i++) {
+        long long r = i, src;
+        if (rows != Py_None && bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
+            goto done;
+        /* lists, srcs and rows are the caller's: re-read their sizes after any callback. */
+        if (i >= PyList_GET_SIZE(lists) || PyList_GET_SIZE(srcs) != self->rows) {
+            PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
+            goto done;
+        }
+        PyObject *lst = PyList_GET_ITEM(lists, i);
+        if (!PyList_CheckExact(lst)) {
+            PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
+                         Py_TYPE(lst)->tp_name);
+            goto done;
+        }
+        PyObject *so = PyList_GET_ITEM(srcs, r);
+        if (!PyLong_CheckExact(so) || (src = exact_value(so), !(src == PADDING || src == NEW ||
+                                                                (0 <= src && src < self->rows)))) {
+            PyErr_Format(PyExc_ValueError, "srcs[%lld] must be -2, -1 or a row, got %R", r, so);
+            goto done;
+        }
+        Py_INCREF(lst);
+        int status = stage_row(self, &s, (Py_ssize_t)r, lst, PyList_GET_SIZE(lst), src, convert,
+                               &fault_value);
+        Py_DECREF(lst);
+        if (status < 0)
+            goto done;
+        if (status > 0) {
+            result = fault_value;
+            goto done;
+        }
+    }
+    PyObject *plan = PyBytes_FromStringAndSize((const char *)s.out,
+                                               (Py_ssize_t)sizeof(int32_t) * s.used);
+    if (plan) {
+        result = Py_BuildValue("(NO)", plan, Py_None);
+    }
+done:
+    scratch_free(&s);
+    return result;
+}
+
+/* ---- stage_ops: rows given as blockprep.wire operations ---------------------------------------- */
+
+static PyObject *TAGS[4]; /* "w", "a", "s", "t" */
+
+int bk_init_tags(void)
+{
+    static const char *tags[4] = {"w", "a", "s", "t"};
+    for (int t = 0; t < 4; t++)
+        if (!TAGS[t] && !(TAGS[t] = PyUnicode_InternFromString(tags[t])))
+            return -1;
+    return 0;
+}
+enum { OP_W, OP_A, OP_S, OP_T, OP_BAD };
+
+/* The tag of op as apply_ops reads it (op[0] == "w", ...); -1 with an exception. */
+static int op_tag(PyObject *op)
+{
+    if (!PyList_Check(op) || PyList_GET_SIZE(op) == 0)
+        return OP_BAD;
+    PyObject *tag = PyList_GET_ITEM(op, 0);
+    for (int t = 0; t < 4; t++) {
+        if (tag == TAGS[t])
+            return t;
+        if (PyUnicode_CheckExact(tag)) {
+            if (PyUnicode_Compare(tag, TAGS[t]) == 0)
+                return t;
+            continue;
+        }
+        Py_INCREF(tag);
+        int eq = PyObject_RichCompareBool(tag, TAGS[t], Py_EQ);
+        Py_DECREF(tag);
+        if (eq < 0)
+            return -1;
+        if (eq)
+            return t;
+    }
+    return OP_BAD;
+}
+
+/* Cells [from, n) of s->objs set to new references to the items of ids (an exact list). */
+static int put_items(Scratch *s, Py_ssize_t at, PyObject *ids)
+{
+    Py_ssize_t k = PyList_GET_SIZE(ids);
+    if (scratch_row(s, at + k) < 0)
+        return -1;
+    scratch_drop_objs(s, at);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *x = PyList_GET_ITEM(ids, i);
+        Py_INCREF(x);
+        s->objs[at + i] = x;
+    }
+    s->nobjs = at + k;
+    return 0;
+}
+
+/* Apply ops to the cells, as wire.apply_ops: *n the length (-1: nothing held). Returns 0, 1 for
+ * ops apply_ops rejects, -1 with an exception. */
+static int apply_ops(Scratch *s, PyObject *ops, Py_ssize_t *n)
+{
+    if (!PyList_Check(ops) || PyList_GET_SIZE(ops) == 0)
+        return 1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        Py_INCREF(op);
+        int tag = op_tag(op), status = 0;
+        Py_ssize_t size = tag < 0 || tag == OP_BAD ? 0 : PyList_GET_SIZE(op);
+        if (tag < 0) {
+            status = -1;
+        } else if (*n < 0 && tag != OP_W) {
+            status = 1;
+        } else if ((tag == OP_W || tag == OP_A) && size == 2) {
+            PyObject *ids = PyList_GET_ITEM(op, 1);
+            if (!PyList_CheckExact(ids))
+                status = 1;
+            else if (put_items(s, tag == OP_W ? 0 : *n, ids) < 0)
+                status = -1;
+            else
+                *n = s->nobjs;
+        } else if (tag == OP_S && size == 3) {
+            PyObject *positions = PyList_GET_ITEM(op, 1), *values = PyList_GET_ITEM(op, 2);
+            Py_ssize_t k = PyList_CheckExact(positions) ? PyList_GET_SIZE(positions) : -1;
+            if (k < 0 || !PyList_CheckExact(values) || PyList_GET_SIZE(values) != k)
+                status = 1;
+            for (Py_ssize_t j = 0; status == 0 && j < k; j++) {
+                PyObject *q = PyList_GET_ITEM(positions, j);
+                long long p = PyLong_CheckExact(q) ? exact_value(q) : -1;
+                if (p < 0 || p >= *n) {
+                    status = 1;
+                    break;
+                }
+                for (Py_ssize_t e = 0; e < j && k > 1; e++) /* positions must not repeat */
+                    if (exact_value(PyList_GET_ITEM(positions, e)) == p)
+                        status = 1;
+            }
+            for (Py_ssize_t j = 0; status == 0 && j < k; j++) {
+                Py_ssize_t p = (Py_ssize_t)exact_value(PyList_GET_ITEM(positions, j));
+                PyObject *x = PyList_GET_ITEM(values, j);
+                Py_INCREF(x);
+                Py_XSETREF(s->objs[p], x);
+            }
+        } else if (tag == OP_T && size == 2) {
+            PyObject *q = PyList_GET_ITEM(op, 1);
+            long long length = PyLong_CheckExact(q) ? exact_value(q) : -1;
+            if (length < 0 || length > *n)
+                status = 1;
+            else {
+                scratch_drop_objs(s, (Py_ssize_t)length);
+                *n = (Py_ssize_t)length;
+            }
+        } else {
+            status = 1;
+        }
+        Py_DECREF(op);
+        if (status)
+            return status;
+    }
+    return *n < 0 ? 1 : 0;
+}
+
+/* The ids an append or a set names are new ids: integers (convert) whatever the row held, in op
+ * order; a TYPE fault names the first that is not. Returns 0, 1 with *fault_out, -1. */
+static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObject **fault_out)
+{
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
+        PyObject *op = PyList_GET_ITEM(ops, i);
+        if (!PyList_Check(op) || PyList_GET_SIZE(op) < 2)
+            continue;
+        Py_INCREF(op);
+        int tag = op_tag(op);
+        PyObject *ids = PyList_GET_ITEM(op, PyList_GET_SIZE(op) - 1);
+        int status = tag < 0 ? -1 : 0;
+        if ((tag == OP_A || tag == OP_S) && PyList_CheckExact(ids)) {
+            Py_INCREF(ids);
+            for (Py_ssize_t j = 0; status == 0 && j < PyList_GET_SIZE(ids); j++) {
+                PyObject *x = PyList_GET_ITEM(ids, j);
+                if (PyLong_CheckExact(x))
+                    continue;
+                Py_INCREF(x);
+                PyObject *c = PyObject_CallOneArg(convert, x);
+                if (!c)
+                    status = -1;
+                else if (!PyLong_CheckExact(c))
+                    status = (*fault_out = bk_fault(F_TYPE, r, x)) ? 1 : -1;
+                Py_XDECREF(c);
+                Py_DECREF(x);
+            }
+            Py_DECREF(ids);
+        }
+        Py_DECREF(op);
+        if (status)
+            return status;
+    }
+    return 0;
+}
+
+PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
+{
+    PyObject *rows, *items, *srcs, *convert;
+    if (!PyArg_ParseTuple(args, "OOOO:stage_ops", &rows, &items, &srcs, &convert))
+        return NULL;
+    if (!PyList_CheckExact(rows) || !PyList_CheckExact(items) || !PyList_CheckExact(srcs)) {
+        PyErr_SetString(PyExc_TypeError, "rows, items and srcs must be lists");
+        return NULL;
+    }
+    if (PyList_GET_SIZE(srcs) != self->rows) {
+        PyErr_Format(PyExc_ValueError, "srcs must hold %zd rows, got %zd", self->rows,
+                     PyList_GET_SIZE(srcs));
+        return NULL;
+    }
+    if (PyList_GET_SIZE(items) != PyList_GET_SIZE(rows)) {
+        PyErr_Format(PyExc_ValueError, "items must hold %zd rows, got %zd", PyList_GET_SIZE(rows),
+                     PyList_GET_SIZE(items));
+        return NULL;
+    }
+    Scratch s = {0};
+    PyObject *fault_value = NULL, *result = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        long long r, src;
+        if (bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
+            goto done;
+        if (i >= PyList_GET_SIZE(items) || PyList_GET_SIZE(srcs) != self->rows) {
+            PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
+            goto done;
+        }
+        PyObject *so = PyList_GET_ITEM(srcs, r);
+        if (!PyLong_CheckExact(so) || (src = exact_value(so), !(src == PADDING || src == NEW ||
+                                                                (0 <= src && src < self->rows)))) {
+            PyErr_Format(PyExc_ValueError, "srcs[%lld] must be -2, -1 or a row, got %R", r, so);
+            goto done;
+        }
+        PyObject *item = PyList_GET_ITEM(items, i);
+        Py_INCREF(item);
+        int status;
+        if (src == PADDING) { /* a padding row: its ids, by value */
+            status = PyList_CheckExact(item)
+                         ? stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
+                                     convert, &fault_value)
+                         : (PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
+                                         Py_TYPE(item)->tp_name),
+                            -1);
+        } else {
+            /* The cells start as the ids the request held (none for a new request). */
+            Py_ssize_t n = -1;
+            scratch_drop_objs(&s, 0);
+            if (src >= 0 && self->lens[src] >= 0) {
+                n = self->lens[src];
+                status = scratch_row(&s, n);
+                for (Py_ssize_t p = 0; status == 0 && p < n; p++) {
+                    s.objs[p] = NULL;
+                    s.vals[p] = self->held[src * self->stride + p];
+                }
+                s.nobjs = n;
+            } else {
+                status = 0;
+            }
+            if (status == 0 && item != Py_None)
+                status = apply_ops(&s, item, &n);
+            else if (status == 0 && n < 0)
+                status = 1; /* a new request without its whole list */
+            if (status == 1)
+                fault_value = Py_BuildValue("(O(inO))", Py_None, F_OPS, (Py_ssize_t)r, Py_None);
+            else if (status == 0 && item != Py_None)
+                status = check_set_ids(item, (Py_ssize_t)r, convert, &fault_value);
+            if (status == 0) {
+                /* Held cells keep their value in s.vals; the rest read from s.objs. */
+                status = stage_row(self, &s, (Py_ssize_t)r, NULL, n, src, convert, &fault_value);
+            }
+            if (status == 1 && !fault_value)
+                status = -1;
+        }
+        Py_DECREF(item);
+        if (status < 0)
+            goto done;
+        if (status > 0) {
+            result = fault_value;
+            goto done;
+        }
+    }
+    PyObject *plan = PyBytes_FromStringAndSize((const char *)s.out,
+                                               (Py_ssize_t)sizeof(int32_t) * s.used);
+    if (plan)
+        result = Py_BuildValue("(NO)", plan, Py_None);
+done:
+    scratch_free(&s);
+    return result;
+}
