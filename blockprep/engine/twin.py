@@ -60,10 +60,14 @@ CLEAN, POSITIONS, SPAN, WHOLE = 0, 1, 2, 3
 MAX_POSITIONS = 4
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 _INT = {int}
+INTERNED_IDS = 1 << 16
+"""A group's ids below this are held as one shared int object per value (the held lists are
+compared with every step's new int objects: shared ones stay compact in memory)."""
+_INTERNED = list(range(INTERNED_IDS))
 
 Fault = tuple[int, int, object]
 Mark = tuple[int, tuple[int, ...]]  # (mode, positions) or (SPAN, (lo, hi)) or (WHOLE, ())
-_Change = tuple[int, list[int], Mark]  # row, its new ids, its mark
+_Change = tuple[int, list[int], Mark, bool]  # row, its new ids, its mark, checked (a request)
 
 
 class GroupKernel:
@@ -81,6 +85,7 @@ class GroupKernel:
         self.ring, self.width, self.limit = bool(ring), width, limit
         self.shortest, self.pad, self.rows, self.slots = shortest, pad, rows, slots
         self._held: list[list[int] | None] = [None] * rows
+        self._distinct = [False] * rows  # the held ids were checked as a request's
         self._marks: list[dict[int, Mark]] = [
             dict.fromkeys(range(rows), (WHOLE, ())) for _ in range(slots)
         ]
@@ -193,13 +198,18 @@ class GroupKernel:
         if src in (r, PADDING) and _holds(held[r], ids):
             return None  # it holds exactly what it held: nothing to check or write
         base = held[src] if src >= 0 else held[r] if src == PADDING else None
-        new, fault = self._checked(r, ids, base, src == PADDING, convert)
+        distinct = src >= 0 and self._distinct[src]
+        new, changed, fault = self._checked(r, ids, base, src == PADDING, distinct, convert)
         if fault is not None:
             return fault
         assert new is not None
-        mark = self._mark(held[r], new)
+        old = held[r]
+        if changed is not None and src in (r, PADDING) and old is not None and len(old) == len(new):
+            mark = _positions_mark(changed, self.ring)  # the base is what the row holds
+        else:
+            mark = self._mark(old, new)
         if mark is not None:
-            plan.append((r, new, mark))
+            plan.append((r, new, mark, src != PADDING))
         return None
 
     def _checked(
@@ -208,21 +218,32 @@ class GroupKernel:
         ids: list[Any],
         base: list[int] | None,
         padding: bool,
+        distinct: bool,
         convert: Callable[[object], int | None],
-    ) -> tuple[list[int] | None, Fault | None]:
-        """Row ``r``'s ids as plain ints, checked by the rules 1-4; or its first fault."""
+    ) -> tuple[list[int] | None, list[int] | None, Fault | None]:
+        """Row ``r``'s ids as plain ints, checked by the rules 1-4, and (when every id was a
+        plain int) the positions whose value differs from ``base``; or its first fault.
+        ``distinct``: ``base`` is a checked request's ids (no repeats among them)."""
         n = len(ids)
         base = base or []
         m = len(base)
         if set(map(type, ids)) <= _INT:  # plain ints only: the rule 1 in C-level passes
-            new = ids[:]
             short = min(n, m)
             changed = [*compress(range(short), map(operator.ne, ids, base)), *range(short, n)]
+            if len(changed) == n:
+                new = ids[:]
+            else:  # the held int objects kept, the changed ones put in
+                new = base[:n] if n <= m else [*base, *ids[m:]]
+                for p in changed:
+                    new[p] = ids[p]
         else:
             new, changed, fault = self._converted(r, ids, base, convert)
             if fault is not None:
-                return None, fault
-        return self._rules(r, new, changed, padding)
+                return None, None, fault
+            new_ids, fault = self._rules(r, new, changed, padding, distinct)
+            return new_ids, None, fault
+        new_ids, fault = self._rules(r, new, changed, padding, distinct)
+        return new_ids, changed, fault
 
     def _converted(
         self, r: int, ids: list[Any], base: list[int], convert: Callable[[object], int | None]
@@ -253,7 +274,7 @@ class GroupKernel:
         return new, changed, None
 
     def _rules(
-        self, r: int, new: list[int], changed: list[int], padding: bool
+        self, r: int, new: list[int], changed: list[int], padding: bool, distinct: bool
     ) -> tuple[list[int] | None, Fault | None]:
         """The rules 2-4 on a row's ids (plain ints) and its changed positions."""
         n = len(new)
@@ -269,12 +290,16 @@ class GroupKernel:
         for p in changed:
             if not 0 <= new[p] < self.limit:
                 return None, (RANGE, r, new[p])
-        if changed and len(set(new)) != n:
+        few = distinct and len(changed) <= MAX_POSITIONS  # only a changed id can repeat
+        if changed and (any(new.count(new[p]) > 1 for p in changed) if few else len(set(new)) != n):
             seen = set()
             for x in new:
                 if x in seen:
                     return None, (REPEAT, r, x)
                 seen.add(x)
+        if self.limit <= INTERNED_IDS:  # held ids as shared objects: compact, compared fast
+            for p in changed:
+                new[p] = _INTERNED[new[p]]
         return new, None
 
     def _mark(self, old: list[int] | None, new: list[int]) -> Mark | None:
@@ -282,20 +307,11 @@ class GroupKernel:
         if old is None:
             return (WHOLE, ())
         n, m = len(new), len(old)
-        if n == m:
-            if new == old:
-                return None
-            differ = list(compress(range(n), map(operator.ne, new, old)))
-        elif self.ring:
+        if n != m and self.ring:
             return (WHOLE, ())
-        else:
-            short = min(n, m)
-            differ = [*compress(range(short), map(operator.ne, new, old)), *range(short, max(n, m))]
-        if len(differ) <= MAX_POSITIONS:
-            return (POSITIONS, tuple(differ))
-        if self.ring:
-            return (WHOLE, ())
-        return (SPAN, (differ[0], differ[-1] + 1))
+        short = min(n, m)
+        differ = [*compress(range(short), map(operator.ne, new, old)), *range(short, max(n, m))]
+        return _positions_mark(differ, self.ring)
 
     # --- commit -----------------------------------------------------------------------------------
 
@@ -317,8 +333,9 @@ class GroupKernel:
         column = _index(column, counts.shape[1], "column")
         if type(plan) is not list:
             raise TypeError("plan must be a plan this kernel staged")
-        for r, new, mark in plan:
+        for r, new, mark, checked in plan:
             self._held[r] = new
+            self._distinct[r] = checked
             counts[r, column] = len(new)
             for marks in self._marks:
                 marks[r] = _merged(marks.get(r), mark, self.ring)
@@ -409,6 +426,15 @@ def _check_set_ids(ops: list[Any], r: int, convert: Callable[[object], int | Non
                 if type(x) is not int and type(convert(x)) is not int:
                     return (TYPE, r, x)
     return None
+
+
+def _positions_mark(differ: list[int], ring: bool) -> Mark | None:
+    """The mark of a row of unchanged length whose ids differ at ``differ`` (ascending)."""
+    if not differ:
+        return None
+    if len(differ) <= MAX_POSITIONS:
+        return (POSITIONS, tuple(differ))
+    return (WHOLE, ()) if ring else (SPAN, (differ[0], differ[-1] + 1))
 
 
 def _merged(current: Mark | None, mark: Mark, ring: bool) -> Mark:
