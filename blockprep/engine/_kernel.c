@@ -20,7 +20,7 @@
 int bk_int_arg(PyObject *x, const char *name, long long lo, long long hi, long long *out)
 {
     if (!PyLong_CheckExact(x)) {
-        PyErr_Format(PyExc_TypeError, "%s must be an int, got %s", name, Py_TYPE(x)->tp_name);
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %s", name, bk_type_name(x));
         return -1;
     }
     long long v = exact_value(x);
@@ -32,11 +32,28 @@ int bk_int_arg(PyObject *x, const char *name, long long lo, long long hi, long l
     return 0;
 }
 
+/* The name of x's type as Python's type(x).__name__ says it (tp_name without its module). */
+const char *bk_type_name(PyObject *x)
+{
+    const char *name = Py_TYPE(x)->tp_name, *dot = strrchr(name, '.');
+    return dot ? dot + 1 : name;
+}
+
+/* RuntimeError when a callback of this kernel's own stage calls back into it. */
+int bk_busy(GroupKernel *self)
+{
+    if (!self->busy)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "GroupKernel called again from a callback of its own stage");
+    return -1;
+}
+
 /* A writable C-contiguous 2-D int32 buffer with rows rows (and width columns unless width < 0). */
 static int get_table(PyObject *obj, Py_buffer *view, Py_ssize_t rows, Py_ssize_t width,
                      const char *name)
 {
-    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS) < 0) { /* writable, strides, format */
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS_RO) < 0) { /* strides, format; read-only ok */
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError, "%s must be a 2-D int32 array", name);
         return -1;
@@ -95,6 +112,8 @@ static void mark_all(GroupKernel *self, Py_ssize_t slot)
 
 static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
 {
+    if (bk_busy(self))
+        return -1;
     static char *names[] = {"ring", "width", "limit", "shortest", "pad", "rows", "slots", NULL};
     PyObject *ring, *o[6];
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO", names, &ring, &o[0], &o[1], &o[2],
@@ -105,7 +124,7 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     for (int i = 0; i < 6; i++) {
         if (!PyLong_CheckExact(o[i])) {
             PyErr_Format(PyExc_TypeError, "%s must be an int, got %s", fields[i],
-                         Py_TYPE(o[i])->tp_name);
+                         bk_type_name(o[i]));
             return -1;
         }
         v[i] = exact_value(o[i]);
@@ -121,18 +140,33 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
                      "shortest must be in [0, width] and pad an int32, got %R, %R", o[2], o[3]);
         return -1;
     }
-    if (rows < 0 || slots <= 0 || rows > INT32_MAX) {
+    if (rows < 0 || rows > INT32_MAX || slots <= 0 || slots > MAX_SLOTS) {
         PyErr_Format(PyExc_ValueError,
-                     "rows must be non-negative and slots positive, got %R, %R", o[4], o[5]);
+                     "rows must be in [0, 2**31) and slots in [1, 2**16], got %R, %R", o[4], o[5]);
         return -1;
     }
     int truth = PyObject_IsTrue(ring);
     if (truth < 0)
         return -1;
     /* Sizes checked against overflow before allocating: rows * width int32 cells. */
-    if ((size_t)rows > PY_SSIZE_T_MAX / sizeof(int32_t) / (size_t)width ||
-        (size_t)slots > PY_SSIZE_T_MAX / sizeof(int32_t) / MARK / ((size_t)rows + 1)) {
+    if ((size_t)rows > PY_SSIZE_T_MAX / sizeof(int32_t) / (size_t)width) {
         PyErr_SetString(PyExc_MemoryError, "table too large");
+        return -1;
+    }
+    /* Everything new is allocated before anything old is freed: a failure keeps the kernel. */
+    Py_ssize_t stride = width < 128 ? (Py_ssize_t)width : 128;
+    int32_t *held = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows * stride + 1));
+    int32_t *lens = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows + 1));
+    uint8_t *checked = PyMem_Calloc((size_t)rows + 1, 1);
+    int32_t *marks = PyMem_Malloc(sizeof(int32_t) * (size_t)(slots * rows * MARK + 1));
+    uint32_t *stamps = limit <= STAMP_LIMIT ? PyMem_Calloc((size_t)limit, sizeof(uint32_t)) : NULL;
+    if (!held || !lens || !checked || !marks || (limit <= STAMP_LIMIT && !stamps)) {
+        PyMem_Free(held);
+        PyMem_Free(lens);
+        PyMem_Free(checked);
+        PyMem_Free(marks);
+        PyMem_Free(stamps);
+        PyErr_NoMemory();
         return -1;
     }
     PyMem_Free(self->held);
@@ -140,21 +174,13 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     PyMem_Free(self->checked);
     PyMem_Free(self->marks);
     PyMem_Free(self->stamps);
-    self->stamps = NULL;
-    if (limit <= STAMP_LIMIT && !(self->stamps = PyMem_Calloc((size_t)limit, sizeof(uint32_t)))) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    self->held = held;
+    self->lens = lens;
+    self->checked = checked;
+    self->marks = marks;
+    self->stamps = stamps;
     self->generation = 0;
-    self->stride = width < 128 ? (Py_ssize_t)width : 128;
-    self->held = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows * self->stride + 1));
-    self->lens = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows + 1));
-    self->checked = PyMem_Calloc((size_t)rows + 1, 1);
-    self->marks = PyMem_Malloc(sizeof(int32_t) * (size_t)(slots * rows * MARK + 1));
-    if (!self->held || !self->lens || !self->checked || !self->marks) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    self->stride = stride;
     self->ring = truth;
     self->width = (Py_ssize_t)width;
     self->limit = limit;
@@ -408,7 +434,7 @@ static PyObject *kernel_commit(GroupKernel *self, PyObject *args)
                           &column_obj, &want_rows))
         return NULL;
     long long slot, column;
-    if (bk_int_arg(slot_obj, "slot", 0, self->slots, &slot) < 0)
+    if (bk_busy(self) || bk_int_arg(slot_obj, "slot", 0, self->slots, &slot) < 0)
         return NULL;
     Py_buffer table, counts;
     if (get_table(table_obj, &table, self->rows, self->width, "table") < 0)
@@ -458,6 +484,8 @@ done:
 static PyObject *kernel_invalidate(GroupKernel *self, PyObject *arg)
 {
     long long slot;
+    if (bk_busy(self))
+        return NULL;
     if (PyLong_CheckExact(arg) && exact_value(arg) == -1) {
         mark_all(self, -1);
         Py_RETURN_NONE;
@@ -470,6 +498,8 @@ static PyObject *kernel_invalidate(GroupKernel *self, PyObject *arg)
 
 static PyObject *kernel_reset(GroupKernel *self, PyObject *unused)
 {
+    if (bk_busy(self))
+        return NULL;
     for (Py_ssize_t r = 0; r < self->rows; r++)
         self->lens[r] = -1;
     mark_all(self, -1);

@@ -21,6 +21,7 @@ enum { CLEAN = 0, POSITIONS = 1, SPAN = 2, WHOLE = 3 };
 #define HEADER 8 /* row, n, mode, count, p0..p3 */
 #define CHECKED 16 /* record mode flag: a request's row, checked (padding rows are trusted) */
 #define STAMP_LIMIT (1 << 22) /* pools up to this many ids get a stamp table (16 MiB at most) */
+#define MAX_SLOTS (1 << 16)
 #define BIG LLONG_MIN /* stands for an int beyond int64: out of every range */
 
 typedef struct {
@@ -36,6 +37,7 @@ typedef struct {
     int32_t *marks;
     uint32_t *stamps;    /* [limit] generation stamps for the repeat check (NULL: limit too big) */
     uint32_t generation;
+    int busy; /* inside stage or stage_ops: a callback calling back in is refused */
 } GroupKernel;
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -61,6 +63,8 @@ static inline long long exact_value(PyObject *x)
 }
 
 /* Shared between the two files (defined in _kernel.c, or in stage.c for the stage methods). */
+const char *bk_type_name(PyObject *x);
+int bk_busy(GroupKernel *self);
 int bk_int_arg(PyObject *x, const char *name, long long lo, long long hi, long long *out);
 PyObject *bk_fault(int code, Py_ssize_t row, PyObject *value);
 int bk_grow_held(GroupKernel *self, Py_ssize_t n);

@@ -148,24 +148,24 @@ static Py_ssize_t first_repeat(GroupKernel *self, Scratch *s, Py_ssize_t n, Py_s
     return best;
 }
 
-/* The value object of position p for a fault: the exact int itself, or convert(x) again. */
-static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p, PyObject *convert)
+/* The value object of position p for a fault: the exact int itself, else its value (the first
+ * converted id out of range is kept by stage_row: convert is never called twice). */
+static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p)
 {
     PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
-    if (!x)
-        return PyLong_FromLongLong(s->vals[p]);
-    if (PyLong_CheckExact(x)) {
+    if (x && PyLong_CheckExact(x)) {
         Py_INCREF(x);
         return x;
     }
-    return PyObject_CallOneArg(convert, x);
+    return PyLong_FromLongLong(s->vals[p]);
 }
 
 /* Decide one visited row: append its record to s->out (or nothing: unchanged). Its n ids are
  * the items of lst (the caller's list) or, with lst NULL, the cells s->objs (NULL cells: a held
  * id, already in s->vals). Returns 0, 1 with *fault_out set, or -1 with an exception. */
-static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
-                     long long src, PyObject *convert, PyObject **fault_out)
+static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
+                         Py_ssize_t n, long long src, PyObject *convert, PyObject **fault_out,
+                         PyObject **range_obj, Py_ssize_t *range_pos)
 {
     const Py_ssize_t W = self->width;
     if (n <= W && bk_grow_held(self, n) < 0) /* before any pointer into held is taken */
@@ -213,7 +213,11 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
                 }
                 equal = PyObject_RichCompareBool(x, h, Py_EQ);
                 Py_DECREF(h);
-                if (equal < 0) {
+                if (equal < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) {
+                    Py_DECREF(x); /* KeyboardInterrupt and the like go on up, as in the twin */
+                    return -1;
+                }
+                if (equal < 0) { /* an id whose comparison fails is not the held id */
                     PyErr_Clear();
                     equal = 0;
                 }
@@ -244,7 +248,14 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
                 return *fault_out ? 1 : -1;
             }
             v = exact_value(c);
-            Py_DECREF(c);
+            int out = padding ? (v == BIG || v < INT32_MIN || v > INT32_MAX)
+                              : (v == BIG || v < 0 || v >= self->limit);
+            if (out && !*range_obj) { /* the value a RANGE fault would name */
+                *range_obj = c;
+                *range_pos = p;
+            } else {
+                Py_DECREF(c);
+            }
             Py_DECREF(x);
         }
         vals[p] = v;
@@ -268,7 +279,8 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
         int bad = padding ? (v == BIG || v < INT32_MIN || v > INT32_MAX)
                           : (v == BIG || v < 0 || v >= self->limit);
         if (bad) {
-            PyObject *value = value_at(s, lst, s->chg[i], convert);
+            PyObject *value = s->chg[i] == *range_pos ? (Py_INCREF(*range_obj), *range_obj)
+                                                      : value_at(s, lst, s->chg[i]);
             if (!value)
                 return -1;
             *fault_out = bk_fault(padding ? F_PAD_RANGE : F_RANGE, r, value);
@@ -331,6 +343,18 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
     return 0;
 }
 
+/* stage_row_ids, then the converted id it kept for a RANGE fault released. */
+static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
+                     long long src, PyObject *convert, PyObject **fault_out)
+{
+    PyObject *range_obj = NULL;
+    Py_ssize_t range_pos = -1;
+    int status = stage_row_ids(self, s, r, lst, n, src, convert, fault_out, &range_obj,
+                               &range_pos);
+    Py_XDECREF(range_obj);
+    return status;
+}
+
 PyObject *bk_stage(GroupKernel *self, PyObject *args)
 {
     PyObject *rows, *lists, *srcs, *convert;
@@ -352,21 +376,25 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
                      PyList_GET_SIZE(lists));
         return NULL;
     }
+    if (bk_busy(self))
+        return NULL;
+    self->busy = 1;
     Scratch s = {0};
     PyObject *fault_value = NULL, *result = NULL;
     for (Py_ssize_t i = 0; i < visits; i++) {
         long long r = i, src;
-        if (rows != Py_None && bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
-            goto done;
-        /* lists, srcs and rows are the caller's: re-read their sizes after any callback. */
-        if (i >= PyList_GET_SIZE(lists) || PyList_GET_SIZE(srcs) != self->rows) {
+        /* rows, lists and srcs are the caller's: callbacks may change them. */
+        if ((rows != Py_None && PyList_GET_SIZE(rows) != visits) ||
+            PyList_GET_SIZE(lists) != visits || PyList_GET_SIZE(srcs) != self->rows) {
             PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
             goto done;
         }
+        if (rows != Py_None && bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
+            goto done;
         PyObject *lst = PyList_GET_ITEM(lists, i);
         if (!PyList_CheckExact(lst)) {
             PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
-                         Py_TYPE(lst)->tp_name);
+                         bk_type_name(lst));
             goto done;
         }
         PyObject *so = PyList_GET_ITEM(srcs, r);
@@ -392,6 +420,7 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
         result = Py_BuildValue("(NO)", plan, Py_None);
     }
 done:
+    self->busy = 0;
     scratch_free(&s);
     return result;
 }
@@ -416,23 +445,26 @@ static int op_tag(PyObject *op)
     if (!PyList_Check(op) || PyList_GET_SIZE(op) == 0)
         return OP_BAD;
     PyObject *tag = PyList_GET_ITEM(op, 0);
-    for (int t = 0; t < 4; t++) {
-        if (tag == TAGS[t])
-            return t;
-        if (PyUnicode_CheckExact(tag)) {
+    int found = OP_BAD;
+    Py_INCREF(tag); /* held: its __eq__ may empty op */
+    for (int t = 0; t < 4 && found == OP_BAD; t++) {
+        if (tag == TAGS[t]) {
+            found = t;
+        } else if (PyUnicode_CheckExact(tag)) {
             if (PyUnicode_Compare(tag, TAGS[t]) == 0)
-                return t;
-            continue;
+                found = t;
+        } else {
+            int eq = PyObject_RichCompareBool(tag, TAGS[t], Py_EQ);
+            if (eq < 0)
+                found = -1;
+            else if (eq)
+                found = t;
+            if (eq < 0)
+                break;
         }
-        Py_INCREF(tag);
-        int eq = PyObject_RichCompareBool(tag, TAGS[t], Py_EQ);
-        Py_DECREF(tag);
-        if (eq < 0)
-            return -1;
-        if (eq)
-            return t;
     }
-    return OP_BAD;
+    Py_DECREF(tag);
+    return found;
 }
 
 /* Cells [from, n) of s->objs set to new references to the items of ids (an exact list). */
@@ -524,10 +556,11 @@ static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObjec
         if (!PyList_Check(op) || PyList_GET_SIZE(op) < 2)
             continue;
         Py_INCREF(op);
-        int tag = op_tag(op);
-        PyObject *ids = PyList_GET_ITEM(op, PyList_GET_SIZE(op) - 1);
+        int tag = op_tag(op); /* may run a tag's __eq__: op is read again after it */
+        PyObject *ids = PyList_GET_SIZE(op) >= 2 ? PyList_GET_ITEM(op, PyList_GET_SIZE(op) - 1)
+                                                 : NULL;
         int status = tag < 0 ? -1 : 0;
-        if ((tag == OP_A || tag == OP_S) && PyList_CheckExact(ids)) {
+        if ((tag == OP_A || tag == OP_S) && ids && PyList_CheckExact(ids)) {
             Py_INCREF(ids);
             for (Py_ssize_t j = 0; status == 0 && j < PyList_GET_SIZE(ids); j++) {
                 PyObject *x = PyList_GET_ITEM(ids, j);
@@ -570,16 +603,22 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
                      PyList_GET_SIZE(items));
         return NULL;
     }
+    if (bk_busy(self))
+        return NULL;
+    self->busy = 1;
     Scratch s = {0};
     PyObject *fault_value = NULL, *result = NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+    const Py_ssize_t visits = PyList_GET_SIZE(rows);
+    for (Py_ssize_t i = 0; i < visits; i++) {
         long long r, src;
-        if (bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
-            goto done;
-        if (i >= PyList_GET_SIZE(items) || PyList_GET_SIZE(srcs) != self->rows) {
+        /* rows, items and srcs are the caller's: callbacks may change them. */
+        if (PyList_GET_SIZE(rows) != visits || PyList_GET_SIZE(items) != visits ||
+            PyList_GET_SIZE(srcs) != self->rows) {
             PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
             goto done;
         }
+        if (bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
+            goto done;
         PyObject *so = PyList_GET_ITEM(srcs, r);
         if (!PyLong_CheckExact(so) || (src = exact_value(so), !(src == PADDING || src == NEW ||
                                                                 (0 <= src && src < self->rows)))) {
@@ -594,7 +633,7 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
                          ? stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
                                      convert, &fault_value)
                          : (PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
-                                         Py_TYPE(item)->tp_name),
+                                         bk_type_name(item)),
                             -1);
         } else {
             /* The cells start as the ids the request held (none for a new request). */
@@ -639,6 +678,7 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
     if (plan)
         result = Py_BuildValue("(NO)", plan, Py_None);
 done:
+    self->busy = 0;
     scratch_free(&s);
     return result;
 }

@@ -41,15 +41,17 @@ them; else a paged range ``[lo, hi)``; else the whole row.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from itertools import compress
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from blockprep import wire
 from blockprep.tiling import tile_rows
-from blockprep.wire import APPEND, SET, DeltaMessageError, apply_ops
+from blockprep.wire import DeltaMessageError, apply_ops
 
 PADDING, NEW = -2, -1
 """``srcs`` values besides a row index: a padding row (trusted ids), a request new to the table."""
@@ -58,6 +60,7 @@ TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE, OPS = 1, 2, 3, 4, 5, 6
 CLEAN, POSITIONS, SPAN, WHOLE = 0, 1, 2, 3
 """Slot marks: nothing to write, some positions, a paged range, the whole row."""
 MAX_POSITIONS = 4
+MAX_SLOTS = 1 << 16
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 _INT = {int}
 INTERNED_IDS = 1 << 16
@@ -81,8 +84,10 @@ class GroupKernel:
     def __init__(
         self, ring: bool, width: int, limit: int, shortest: int, pad: int, rows: int, slots: int
     ) -> None:
+        self._check_idle()
         _check_spec(ring, width, limit, shortest, pad, rows, slots)
-        self.ring, self.width, self.limit = bool(ring), width, limit
+        truth = bool(ring)
+        self.ring, self.width, self.limit = truth, width, limit
         self.shortest, self.pad, self.rows, self.slots = shortest, pad, rows, slots
         self._held: list[list[int] | None] = [None] * rows
         self._distinct = [False] * rows  # the held ids were checked as a request's
@@ -106,46 +111,75 @@ class GroupKernel:
 
     def stage(
         self,
-        rows: Sequence[int] | None,
-        lists: Sequence[list[Any]],
-        srcs: Sequence[int],
+        rows: list[int] | None,
+        lists: list[list[Any]],
+        srcs: list[int],
         convert: Callable[[object], int | None],
     ) -> tuple[list[_Change] | None, Fault | None]:
-        """Check and decide the visited rows (``rows``, ascending; ``None``: every row, and
-        ``lists`` has one list per table row); ``(plan, None)`` or ``(None, fault)``."""
+        """Check and decide the visited rows (``rows``; ``None``: every row, and ``lists`` has
+        one list per table row); ``(plan, None)`` or ``(None, fault)``."""
+        if (
+            type(lists) is not list
+            or type(srcs) is not list
+            or (rows is not None and type(rows) is not list)
+        ):
+            raise TypeError("rows (or None), lists and srcs must be lists")
         if len(srcs) != self.rows:
             raise ValueError(f"srcs must hold {self.rows} rows, got {len(srcs)}")
-        visit: Sequence[int] = range(self.rows) if rows is None else rows
-        if len(lists) != len(visit):
-            raise ValueError(f"lists must hold {len(visit)} rows, got {len(lists)}")
-        held = self._held
-        if rows is None:
-            try:  # the unchanged rows, found by one C-level comparison of the lists
-                differ = list(map(operator.ne, lists, held))
-            except Exception:  # an id that does not compare: every row decided by itself
-                differ = [True] * self.rows
-            visit = [
-                r
-                for r, d, s in zip(range(self.rows), differ, srcs, strict=True)
-                if d or s not in (r, PADDING)
-            ]
-            lists = [lists[r] for r in visit]
-        plan: list[_Change] = []
-        for i, r in enumerate(visit):
-            r = _index(r, self.rows, "row")
-            ids = lists[i]
-            if type(ids) is not list:
-                raise TypeError(f"row {r} must be a list, got {type(ids).__name__}")
-            fault = self._stage_row(plan, r, ids, _src(srcs, r, self.rows), convert)
-            if fault is not None:
-                return None, fault
-        return plan, None
+        visits = self.rows if rows is None else len(rows)
+        if len(lists) != visits:
+            raise ValueError(f"lists must hold {visits} rows, got {len(lists)}")
+        with self._staging():
+            order: Sequence[int] = range(visits)
+            if rows is None and self._plain(lists, srcs):
+                try:  # the unchanged rows, found by one C-level comparison of the lists
+                    differ = list(map(operator.ne, lists, self._held))
+                    order = [
+                        r
+                        for r, d, s in zip(range(visits), differ, srcs, strict=True)
+                        if d or s not in (r, PADDING)
+                    ]
+                except Exception:  # an id that does not compare: every row decided by itself
+                    pass
+            plan: list[_Change] = []
+            for i in order:
+                _same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
+                r = i if rows is None else _index(rows[i], self.rows, "row")
+                ids = lists[i]
+                if type(ids) is not list:
+                    raise TypeError(f"row {r} must be a list, got {type(ids).__name__}")
+                fault = self._stage_row(plan, r, ids, _src(srcs, r, self.rows), convert)
+                if fault is not None:
+                    return None, fault
+            if order and order[-1] < visits - 1:  # the C looks at every row, the last too
+                _same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
+            return plan, None
+
+    def _plain(self, lists: list[list[Any]], srcs: list[int]) -> bool:
+        """Whether every row is a list and every src is valid (so no row skipped as unchanged
+        would have been refused)."""
+        if set(map(type, lists)) - {list} or set(map(type, srcs)) - _INT:
+            return False
+        return not srcs or (min(srcs) >= PADDING and max(srcs) < self.rows)
+
+    @contextmanager
+    def _staging(self) -> Iterator[None]:
+        self._check_idle()
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._busy = False
+
+    def _check_idle(self) -> None:
+        if getattr(self, "_busy", False):
+            raise RuntimeError("GroupKernel called again from a callback of its own stage")
 
     def stage_ops(
         self,
-        rows: Sequence[int],
-        items: Sequence[Any],
-        srcs: Sequence[int],
+        rows: list[int],
+        items: list[Any],
+        srcs: list[int],
         convert: Callable[[object], int | None],
     ) -> tuple[list[_Change] | None, Fault | None]:
         """:meth:`stage` of the visited ``rows`` given as :mod:`blockprep.wire` operations: per
@@ -154,36 +188,68 @@ class GroupKernel:
         :func:`~blockprep.wire.apply_ops` rejects them, or a request new to the table without
         ops), then the ids an append or a set names must be integers (fault ``TYPE``, whatever
         the row held: they are new), then the rules 1-4 on the resulting ids."""
+        if type(rows) is not list or type(items) is not list or type(srcs) is not list:
+            raise TypeError("rows, items and srcs must be lists")
         if len(srcs) != self.rows:
             raise ValueError(f"srcs must hold {self.rows} rows, got {len(srcs)}")
-        if len(items) != len(rows):
-            raise ValueError(f"items must hold {len(rows)} rows, got {len(items)}")
-        plan: list[_Change] = []
-        for i, r in enumerate(rows):
-            r = _index(r, self.rows, "row")
-            src, item = _src(srcs, r, self.rows), items[i]
-            if src == PADDING:
-                if type(item) is not list:
-                    raise TypeError(f"row {r} must be a list, got {type(item).__name__}")
-                ids = item
-            else:
-                held = self._held[src] if src >= 0 else None
-                if item is None:
-                    if held is None:
-                        return None, (OPS, r, None)
-                    ids = held
-                else:
-                    try:
-                        ids = apply_ops(item, held)
-                    except DeltaMessageError:
-                        return None, (OPS, r, None)
-                    fault = _check_set_ids(item, r, convert)
-                    if fault is not None:
-                        return None, fault
-            fault = self._stage_row(plan, r, ids, src, convert)
-            if fault is not None:
-                return None, fault
-        return plan, None
+        visits = len(rows)
+        if len(items) != visits:
+            raise ValueError(f"items must hold {visits} rows, got {len(items)}")
+        with self._staging():
+            plan: list[_Change] = []
+            for i in range(visits):
+                _same_sizes((rows, visits), (items, visits), (srcs, self.rows))
+                r = _index(rows[i], self.rows, "row")
+                src, item = _src(srcs, r, self.rows), items[i]
+                fault = self._stage_item(plan, r, src, item, convert)
+                if fault is not None:
+                    return None, fault
+            return plan, None
+
+    def _stage_item(
+        self,
+        plan: list[_Change],
+        r: int,
+        src: int,
+        item: Any,
+        convert: Callable[[object], int | None],
+    ) -> Fault | None:
+        """One row of :meth:`stage_ops`."""
+        if src == PADDING:
+            if type(item) is not list:
+                raise TypeError(f"row {r} must be a list, got {type(item).__name__}")
+            return self._stage_row(plan, r, item, src, convert)
+        held = self._held[src] if src >= 0 else None
+        if item is None:
+            if held is None:
+                return (OPS, r, None)
+            return self._stage_row(plan, r, held, src, convert)
+        if src == r and held and self._distinct[r] and (one := _one_set(item, held)):
+            return self._set_one(plan, r, held, *one)  # the steady step, decided here
+        try:
+            ids = apply_ops(item, held)
+        except DeltaMessageError:
+            return (OPS, r, None)
+        fault = _check_set_ids(item, r, convert)
+        if fault is not None:
+            return fault
+        return self._stage_row(plan, r, ids, src, convert)
+
+    def _set_one(
+        self, plan: list[_Change], r: int, held: list[int], p: int, x: int
+    ) -> Fault | None:
+        """What the general path decides for ``[["s", [p], [x]]]`` on a checked row that stays:
+        the same faults (range, then a repeat, which can only be ``x``), the same change."""
+        if x == held[p]:
+            return None
+        if not 0 <= x < self.limit:
+            return (RANGE, r, x)
+        if x in held:
+            return (REPEAT, r, x)
+        new = held[:]
+        new[p] = _INTERNED[x] if self.limit <= INTERNED_IDS else x
+        plan.append((r, new, (POSITIONS, (p,)), True))
+        return None
 
     def _stage_row(
         self,
@@ -259,6 +325,7 @@ class GroupKernel:
                     new.append(base[p])
                     continue
             else:  # a callback may run any code: the row must not change under it
+                given = x
                 equal = p < m and _equal(x, base[p])
                 if not equal:
                     x = convert(x)
@@ -268,7 +335,7 @@ class GroupKernel:
                     new.append(base[p])
                     continue
                 if type(x) is not int:
-                    return new, changed, (TYPE, r, ids[p])
+                    return new, changed, (TYPE, r, given)
             new.append(x)
             changed.append(p)
         return new, changed, None
@@ -327,9 +394,11 @@ class GroupKernel:
         """Take ``plan`` as the latest ids (``counts[row, column]`` their lengths), mark its rows
         in every slot, render slot ``slot``'s marked rows into ``table`` (int32 ``[rows,
         width]``); ``(rows written, cells written, the rows when want_rows)``."""
+        want = bool(want_rows)
+        self._check_idle()
         slot = _index(slot, self.slots, "slot")
-        _check_array(table, (self.rows, self.width), "table")
-        _check_array(counts, (self.rows, None), "counts")
+        table = _checked_array(table, (self.rows, self.width), "table")
+        counts = _checked_array(counts, (self.rows, None), "counts")
         column = _index(column, counts.shape[1], "column")
         if type(plan) is not list:
             raise TypeError("plan must be a plan this kernel staged")
@@ -339,16 +408,19 @@ class GroupKernel:
             counts[r, column] = len(new)
             for marks in self._marks:
                 marks[r] = _merged(marks.get(r), mark, self.ring)
-        return self._render(self._marks[slot], table, want_rows)
+        return self._render(self._marks[slot], table, want)
 
     def invalidate(self, slot: int) -> None:
         """Mark every row of slot ``slot`` (every slot: -1) whole."""
-        targets = self._marks if slot == -1 else [self._marks[_index(slot, self.slots, "slot")]]
+        self._check_idle()
+        every = type(slot) is int and slot == -1
+        targets = self._marks if every else [self._marks[_index(slot, self.slots, "slot")]]
         for marks in targets:
             marks.update(dict.fromkeys(range(self.rows), (WHOLE, ())))
 
     def reset(self) -> None:
         """Forget every row's ids; every slot marked whole."""
+        self._check_idle()
         self._held = [None] * self.rows
         self.invalidate(-1)
 
@@ -410,6 +482,25 @@ class GroupKernel:
         table[rows] = block
 
 
+def _one_set(ops: object, held: list[int]) -> tuple[int, int] | None:
+    """``(p, x)`` when ``ops`` is exactly ``[["s", [p], [x]]]`` (plain lists, a plain int ``x``
+    and a position ``p`` within ``held``), else ``None``."""
+    if type(ops) is not list or len(ops) != 1:
+        return None
+    op = ops[0]
+    if type(op) is not list or len(op) != 3 or type(op[0]) is not str or op[0] != wire.SET:
+        return None
+    positions, values = op[1], op[2]
+    if type(positions) is not list or type(values) is not list:
+        return None
+    if len(positions) != 1 or len(values) != 1:
+        return None
+    p, x = positions[0], values[0]
+    if type(p) is not int or type(x) is not int or not 0 <= p < len(held):
+        return None
+    return p, x
+
+
 def _src(srcs: Sequence[int], r: int, rows: int) -> int:
     src = srcs[r]
     if type(src) is not int or not (src in (PADDING, NEW) or 0 <= src < rows):
@@ -420,12 +511,33 @@ def _src(srcs: Sequence[int], r: int, rows: int) -> int:
 def _check_set_ids(ops: list[Any], r: int, convert: Callable[[object], int | None]) -> Fault | None:
     """The first id an append or a set names that is not an integer (ops already applied)."""
     for op in ops:
-        ids = op[-1]
-        if op[0] in (APPEND, SET) and type(ids) is list and not set(map(type, ids)) <= _INT:
+        if not isinstance(op, list) or len(op) < 2:
+            continue
+        tag = _tag(op)  # may run a tag's __eq__: op is read again after it
+        ids = op[-1] if len(op) >= 2 else None
+        if tag in (wire.APPEND, wire.SET) and type(ids) is list and not set(map(type, ids)) <= _INT:
             for x in ids:
                 if type(x) is not int and type(convert(x)) is not int:
                     return (TYPE, r, x)
     return None
+
+
+def _tag(op: list[Any]) -> str | None:
+    """The operation ``op`` names, compared in the order apply_ops compares."""
+    if not op:
+        return None
+    tag = op[0]
+    for name in (wire.WHOLE, wire.APPEND, wire.SET, wire.TRUNCATE):
+        if tag == name:
+            return name
+    return None
+
+
+def _same_sizes(*pairs: tuple[list[Any] | None, int]) -> None:
+    """The step's lists still have their sizes (a callback may have changed them)."""
+    for items, size in pairs:
+        if items is not None and len(items) != size:
+            raise RuntimeError("the step changed while it was planned")
 
 
 def _positions_mark(differ: list[int], ring: bool) -> Mark | None:
@@ -488,14 +600,20 @@ def _index(value: object, size: int, name: str) -> int:
     return value
 
 
-def _check_array(array: object, shape: tuple[int, int | None], name: str) -> None:
-    """``array``: a writable C-contiguous int32 NumPy array of ``shape`` (``None``: any)."""
+def _checked_array(
+    array: object, shape: tuple[int, int | None], name: str
+) -> npt.NDArray[np.int32]:
+    """``array`` (a NumPy array, or a memoryview: the buffer the C takes) as a writable
+    C-contiguous int32 array of ``shape`` (``None``: any), or the error the C raises."""
+    if isinstance(array, memoryview) and array.format in ("i", "=i", "<i", "@i"):
+        array = np.asarray(array)
     if not isinstance(array, np.ndarray) or array.dtype != np.int32 or array.ndim != 2:
         raise TypeError(f"{name} must be a 2-D int32 array")
     if array.shape[0] != shape[0] or (shape[1] is not None and array.shape[1] != shape[1]):
         raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
     if not (array.flags.c_contiguous and array.flags.writeable):
         raise ValueError(f"{name} must be C-contiguous and writable")
+    return array
 
 
 def _check_spec(
@@ -517,5 +635,5 @@ def _check_spec(
         )
     if not 0 <= shortest <= width or not INT32_MIN <= pad <= INT32_MAX:
         raise ValueError(f"shortest must be in [0, width] and pad an int32, got {shortest}, {pad}")
-    if rows < 0 or slots <= 0 or rows > INT32_MAX:
-        raise ValueError(f"rows must be non-negative and slots positive, got {rows}, {slots}")
+    if not 0 <= rows <= INT32_MAX or not 0 < slots <= MAX_SLOTS:
+        raise ValueError(f"rows must be in [0, 2**31) and slots in [1, 2**16], got {rows}, {slots}")
