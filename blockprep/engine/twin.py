@@ -345,18 +345,21 @@ class GroupKernel:
     ) -> tuple[list[int] | None, Fault | None]:
         """The rules 2-4 on a row's ids (plain ints) and its changed positions."""
         n = len(new)
+        whole = len(changed) == n  # every id changed: C-level passes over the row
         if padding:
             if n > self.width or (self.ring and n == 0):
                 return None, (LENGTH, r, n)
-            for p in changed:
-                if not INT32_MIN <= new[p] <= INT32_MAX:
-                    return None, (PAD_RANGE, r, new[p])
+            if not whole or (n and not (min(new) >= INT32_MIN and max(new) <= INT32_MAX)):
+                for p in changed:
+                    if not INT32_MIN <= new[p] <= INT32_MAX:
+                        return None, (PAD_RANGE, r, new[p])
             return new, None
         if not self.shortest <= n <= self.width:
             return None, (LENGTH, r, n)
-        for p in changed:
-            if not 0 <= new[p] < self.limit:
-                return None, (RANGE, r, new[p])
+        if not whole or (n and not (min(new) >= 0 and max(new) < self.limit)):
+            for p in changed:
+                if not 0 <= new[p] < self.limit:
+                    return None, (RANGE, r, new[p])
         few = distinct and len(changed) <= MAX_POSITIONS  # only a changed id can repeat
         if changed and (any(new.count(new[p]) > 1 for p in changed) if few else len(set(new)) != n):
             seen = set()
@@ -365,8 +368,11 @@ class GroupKernel:
                     return None, (REPEAT, r, x)
                 seen.add(x)
         if self.limit <= INTERNED_IDS:  # held ids as shared objects: compact, compared fast
-            for p in changed:
-                new[p] = _INTERNED[new[p]]
+            if whole:
+                new[:] = map(_INTERNED.__getitem__, new)
+            else:
+                for p in changed:
+                    new[p] = _INTERNED[new[p]]
         return new, None
 
     def _mark(self, old: list[int] | None, new: list[int]) -> Mark | None:
