@@ -254,7 +254,13 @@ def claim_buffer(owner: object, buffer: torch.Tensor, what: str) -> None:
 
 
 def _clash(start: int, end: int) -> str | None:
-    for low, high, what in tuple(_CLAIMS.values()):  # a finalizer may release one meanwhile
+    while True:  # a finalizer (the garbage collector, at any allocation) may release a claim
+        try:
+            claims = tuple(_CLAIMS.values())
+            break
+        except RuntimeError:  # "dictionary changed size during iteration": take it again
+            continue
+    for low, high, what in claims:
         if low < end and start < high:
             return what
     return None
