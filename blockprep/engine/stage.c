@@ -343,6 +343,27 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
     return 0;
 }
 
+/* srcs[r] as a source row: PADDING, NEW or a row; -1 with ValueError otherwise. */
+static int read_src(GroupKernel *self, PyObject *srcs, long long r, long long *src)
+{
+    PyObject *so = PyList_GET_ITEM(srcs, r);
+    long long v = PyLong_CheckExact(so) ? exact_value(so) : BIG;
+    if (!(v == PADDING || v == NEW || (0 <= v && v < self->rows))) {
+        PyErr_Format(PyExc_ValueError, "srcs[%lld] must be -2, -1 or a row, got %R", r, so);
+        return -1;
+    }
+    *src = v;
+    return 0;
+}
+
+/* The staged records as the (plan, None) a stage returns. */
+static PyObject *finished_plan(Scratch *s)
+{
+    PyObject *plan = PyBytes_FromStringAndSize((const char *)s->out,
+                                               (Py_ssize_t)sizeof(int32_t) * s->used);
+    return plan ? Py_BuildValue("(NO)", plan, Py_None) : NULL;
+}
+
 /* stage_row_ids, then the converted id it kept for a RANGE fault released. */
 static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
                      long long src, PyObject *convert, PyObject **fault_out)
@@ -397,12 +418,8 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
                          bk_type_name(lst));
             goto done;
         }
-        PyObject *so = PyList_GET_ITEM(srcs, r);
-        if (!PyLong_CheckExact(so) || (src = exact_value(so), !(src == PADDING || src == NEW ||
-                                                                (0 <= src && src < self->rows)))) {
-            PyErr_Format(PyExc_ValueError, "srcs[%lld] must be -2, -1 or a row, got %R", r, so);
+        if (read_src(self, srcs, r, &src) < 0)
             goto done;
-        }
         Py_INCREF(lst);
         int status = stage_row(self, &s, (Py_ssize_t)r, lst, PyList_GET_SIZE(lst), src, convert,
                                &fault_value);
@@ -414,11 +431,7 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
             goto done;
         }
     }
-    PyObject *plan = PyBytes_FromStringAndSize((const char *)s.out,
-                                               (Py_ssize_t)sizeof(int32_t) * s.used);
-    if (plan) {
-        result = Py_BuildValue("(NO)", plan, Py_None);
-    }
+    result = finished_plan(&s);
 done:
     self->busy = 0;
     scratch_free(&s);
@@ -619,12 +632,8 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
         }
         if (bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
             goto done;
-        PyObject *so = PyList_GET_ITEM(srcs, r);
-        if (!PyLong_CheckExact(so) || (src = exact_value(so), !(src == PADDING || src == NEW ||
-                                                                (0 <= src && src < self->rows)))) {
-            PyErr_Format(PyExc_ValueError, "srcs[%lld] must be -2, -1 or a row, got %R", r, so);
+        if (read_src(self, srcs, r, &src) < 0)
             goto done;
-        }
         PyObject *item = PyList_GET_ITEM(items, i);
         Py_INCREF(item);
         int status;
@@ -673,10 +682,7 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
             goto done;
         }
     }
-    PyObject *plan = PyBytes_FromStringAndSize((const char *)s.out,
-                                               (Py_ssize_t)sizeof(int32_t) * s.used);
-    if (plan)
-        result = Py_BuildValue("(NO)", plan, Py_None);
+    result = finished_plan(&s);
 done:
     self->busy = 0;
     scratch_free(&s);
