@@ -373,13 +373,14 @@ class GroupedTables:
         if whole:
             srcs = [PADDING if key is None else NEW for key in keys]
         padding_rows = [row for row, key in enumerate(keys) if key is None]
+        padding_set = set(padding_rows)
         moved = [row for row, src in enumerate(srcs) if src != row and src != PADDING]
         plans = []
         for gi, group in enumerate(self._groups):
             kernel = self._kernels[gi]
             group_changes = changes[gi]
-            if padding_rows and not set(padding_rows).isdisjoint(group_changes):
-                row = min(set(padding_rows).intersection(group_changes))
+            if not padding_set.isdisjoint(group_changes):
+                row = min(padding_set.intersection(group_changes))
                 raise DeltaMessageError(
                     f"block delta ops for a padding row ({_where(place, row, group, None)})"
                 )
