@@ -15,6 +15,13 @@ from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError, Un
 from blockprep.buffers import DeviceMirror, host_tensor
 from blockprep.builders import paged_block_table, ring_block_table
 from blockprep.engine import kernel_backend
+from blockprep.errors import (
+    BlockprepError,
+    BlockprepIndexError,
+    BlockprepRuntimeError,
+    BlockprepTypeError,
+    BlockprepValueError,
+)
 from blockprep.ids import INT32_MAX
 from blockprep.slots import paged_slot_mapping
 from blockprep.tokens import PaddedTokenBuffer
@@ -23,6 +30,11 @@ __all__ = [
     "INT32_MAX",
     "BlockTable",
     "BlockTableStats",
+    "BlockprepError",
+    "BlockprepIndexError",
+    "BlockprepRuntimeError",
+    "BlockprepTypeError",
+    "BlockprepValueError",
     "DecodeBatch",
     "DecodeExecutor",
     "DecodeResult",

@@ -23,8 +23,10 @@ that was not in the base message's batch is new to the worker: each of its group
 ``"w"``. A message with ``base`` ``None`` carries every request whole.
 
 Resync: the worker remembers the number of the last message it applied (:class:`DeltaCursor`).
-A message whose ``base`` is not that number raises :class:`DeltaSequenceError` and writes
-nothing; so does any rejected step, which counts as not applied. The engine then calls
+A message whose ``base`` is not that number, or whose ``seq`` is not after its ``base`` (a
+redelivery would be applied twice; ``seq == base`` with no rows, "nothing changed", is the one
+exception), raises :class:`DeltaSequenceError` and writes nothing; so
+does any rejected step, which counts as not applied. The engine then calls
 :meth:`BlockDeltaEncoder.reset`, and the next message is whole for every request.
 """
 
@@ -37,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import has_integer_dtype, is_integer_id
 
 WHOLE, APPEND, SET, TRUNCATE = "w", "a", "s", "t"
@@ -46,21 +49,29 @@ Ops = list[list[Any]]
 """One request's (and group's) operations, in order."""
 
 
-class DeltaSequenceError(ValueError):
-    """A message that does not build on the last one the worker applied: nothing was written.
-    Reset the encoder; its next message is whole. ``expected``: the worker's last applied
-    number (``None``: none), ``base``: what the message builds on."""
+class DeltaSequenceError(BlockprepValueError):
+    """A message that does not build on the last one the worker applied, or whose ``seq`` is
+    not after its ``base``: nothing was written. Reset the encoder; its next message is whole.
+    ``expected``: the worker's last applied number (``None``: none), ``base``: what the message
+    builds on."""
 
     def __init__(self, expected: int | None, base: int | None, seq: object) -> None:
-        super().__init__(
-            f"block delta message {seq} builds on message {base}, but the worker last applied "
-            f"{expected}: reset the encoder and send every request whole"
-        )
+        if base is not None and type(seq) is int and seq <= base:  # seq == base: with rows
+            text = (
+                f"block delta message {seq} builds on message {base}, but a message's seq must "
+                f"be after its base: reset the encoder and send every request whole"
+            )
+        else:
+            text = (
+                f"block delta message {seq} builds on message {base}, but the worker last "
+                f"applied {expected}: reset the encoder and send every request whole"
+            )
+        super().__init__(text)
         self.expected = expected
         self.base = base
 
 
-class DeltaMessageError(ValueError):
+class DeltaMessageError(BlockprepValueError):
     """A malformed message, or an operation that does not fit the ids it applies to (the
     request, and group, named): nothing was written."""
 
@@ -91,23 +102,36 @@ class BlockDeltaEncoder:
     ) -> dict[str, Any]:
         """The message for this step (see the module docstring for the schema).
 
-        Raises:
+        Raises (nothing is remembered from a refused step):
             ValueError: ``request_ids`` and ``block_lists`` of different lengths, a request id
-                repeated, a grouped request whose groups differ from its last message's.
-            TypeError: an id that is not an integer (a bool or a float included).
+                repeated, a grouped request whose groups differ from its last message's, a
+                request that switched between a flat list and grouped lists (send it under a
+                new id, or :meth:`reset`).
+            TypeError: ``request_ids`` or ``block_lists`` not a list, tuple or 1-D array; an id
+                that is not an integer (a bool or a float included).
         """
+        _check_sequence(request_ids, "request_ids")
+        _check_sequence(block_lists, "block_lists")
         if len(request_ids) != len(block_lists):
-            raise ValueError(f"{len(request_ids)} request ids for {len(block_lists)} block lists")
+            raise BlockprepValueError(
+                f"{len(request_ids)} request ids for {len(block_lists)} block lists"
+            )
         if len(set(request_ids)) != len(request_ids):
-            raise ValueError("request ids must be unique within a batch")
+            raise BlockprepValueError("request ids must be unique within a batch")
         held = self._held
         rows: dict[Hashable, Any] = {}
         new_held: dict[Hashable, Any] = {}
         for request, lists in zip(request_ids, block_lists, strict=True):
             old = held.get(request)
+            if old is not None and isinstance(old, dict) != isinstance(lists, Mapping):
+                was, now = ("grouped", "flat") if isinstance(old, dict) else ("flat", "grouped")
+                raise BlockprepValueError(
+                    f"request {request!r} carries {now} block lists, but its last message "
+                    f"carried {was} ones (send it under a new request id, or reset the encoder)"
+                )
             if isinstance(lists, Mapping):
                 if old is not None and old.keys() != lists.keys():
-                    raise ValueError(
+                    raise BlockprepValueError(
                         f"request {request!r} carries groups {sorted(lists)}, but it carried "
                         f"{sorted(old)} (a grouped request sends every group every step)"
                     )
@@ -133,6 +157,18 @@ class BlockDeltaEncoder:
         self._base = self._next
         self._next += 1
         return message
+
+
+def _check_sequence(value: object, what: str) -> None:
+    """``TypeError`` unless ``value`` is a list, a tuple or a 1-D array (not a str)."""
+    if isinstance(value, (list, tuple)) or (
+        isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 1
+    ):
+        return
+    raise BlockprepTypeError(
+        f"BlockDeltaEncoder.encode: {what} must be a list, tuple or 1-D array, got "
+        f"{type(value).__name__}"
+    )
 
 
 def _diff(old: list[int] | None, new: list[int]) -> Ops | None:
@@ -168,7 +204,7 @@ def _id_copy(ids: object) -> list[Any]:
     if isinstance(ids, (np.ndarray, torch.Tensor)) and ids.ndim == 1 and has_integer_dtype(ids):
         values: list[Any] = ids.tolist()
         return values
-    raise TypeError(
+    raise BlockprepTypeError(
         f"block IDs must be a list, tuple or 1-D integer array, got {type(ids).__name__}"
         + (f" of dtype {ids.dtype}" if isinstance(ids, (np.ndarray, torch.Tensor)) else "")
     )
@@ -181,7 +217,9 @@ def _plain(ids: Sequence[Any]) -> list[int]:
         return list(ids)
     for x in ids:
         if not is_integer_id(x):
-            raise TypeError(f"block IDs must be integers, got {x!r} of type {type(x).__name__}")
+            raise BlockprepTypeError(
+                f"block IDs must be integers, got {x!r} of type {type(x).__name__}"
+            )
     return list(map(operator.index, ids))
 
 
@@ -197,7 +235,9 @@ class DeltaCursor:
         Raises:
             DeltaMessageError: not a mapping with an int ``seq``, an int-or-``None`` ``base`` and
                 a mapping ``rows``.
-            DeltaSequenceError: ``base`` is not ``None`` and not the last number applied.
+            DeltaSequenceError: ``base`` is not ``None`` and not the last number applied, or
+                ``seq`` is not after ``base`` (``seq == base`` only with no rows: the message
+                saying nothing changed, as ``speculative_batch`` makes, which is idempotent).
         """
         if not isinstance(message, Mapping):
             raise DeltaMessageError(
@@ -213,7 +253,7 @@ class DeltaCursor:
             raise DeltaMessageError(
                 f"a block delta message needs a dict of rows, got {type(rows).__name__}"
             )
-        if base is not None and base != self.last:
+        if base is not None and (base != self.last or seq < base or (seq == base and rows)):
             raise DeltaSequenceError(self.last, base, seq)
         return seq, rows
 

@@ -1,0 +1,37 @@
+"""The base of every error blockprep raises on bad input.
+
+Each error stays the built-in type it always was (``except ValueError`` keeps working) and also
+derives from :class:`BlockprepError`, so an engine can tell blockprep's refusals (nothing was
+written) from its own bugs with one ``except BlockprepError``::
+
+    BlockprepError(Exception)
+    ├── BlockprepTypeError(BlockprepError, TypeError)
+    ├── BlockprepValueError(BlockprepError, ValueError)
+    ├── BlockprepIndexError(BlockprepError, IndexError)
+    └── BlockprepRuntimeError(BlockprepError, RuntimeError)
+
+The named errors of the other modules (``BlockIdValueError``, ``DeltaSequenceError``,
+``SlotBusyError``, ...) derive from one of the four. This module imports nothing from blockprep.
+"""
+
+from __future__ import annotations
+
+
+class BlockprepError(Exception):
+    """An input blockprep refused; the call wrote nothing."""
+
+
+class BlockprepTypeError(BlockprepError, TypeError):
+    """An argument of the wrong type."""
+
+
+class BlockprepValueError(BlockprepError, ValueError):
+    """An argument of the right type with a wrong value."""
+
+
+class BlockprepIndexError(BlockprepError, IndexError):
+    """A row, slot or position outside its range."""
+
+
+class BlockprepRuntimeError(BlockprepError, RuntimeError):
+    """A call at the wrong point of a life cycle (a busy slot, a stale row, a reentrant call)."""
