@@ -1,14 +1,15 @@
 """Differential proof: the compiled table kernel and its pure-Python twin give the same results.
 
 A hypothesis state machine drives one ``_kernel.GroupKernel`` and one ``twin.GroupKernel`` of the
-same spec with the same calls: steps of valid and invalid rows interleaved (ids in and out of
-range, repeats, bools, floats, NumPy integers, 0-d arrays, ints beyond int64, non-ints equal to a
-held id, padding rows, moved and new requests, lengths out of bounds), commits into any slot,
-invalidations and resets. After every call both agree on everything observable: the fault
-(code, row, value), every held row, every slot's table and counts, the counters a commit returns;
-and every committed slot equals a rebuild of the held ids by :mod:`blockprep.reference` (an oracle
-independent of both). Long DeepSeek V4 scheduler traces drive two :class:`GroupedTables` faces, one
-on each kernel, and compare buffers and error texts step by step.
+same spec with the same calls: steps of valid and invalid rows interleaved (ids in and out of range,
+repeats, bools, floats, NumPy integers, 0-d arrays, ints beyond int64, non-ints equal to a held id,
+padding rows, moved and new requests, lengths out of bounds), commits into any slot, invalidations,
+resets, rows cleared and forgotten, kernels with and without the repeat rule. After every call both
+agree on everything observable: the fault (code, row, value), every held row, every slot's table and
+counts, the counters a commit returns; and every committed slot equals a rebuild of the held ids by
+:mod:`blockprep.reference` (an oracle independent of both). Long DeepSeek V4 scheduler traces drive
+two :class:`GroupedTables` faces, one on each kernel, and compare buffers and error texts step by
+step.
 
 The compiled kernel is imported directly, so this runs in the twin-forced pass too; it is skipped
 only where the extension was not built.
@@ -38,11 +39,14 @@ NEW, PADDING = twin.NEW, twin.PADDING
 
 
 def rebuild(ring: bool, width: int, pad: int, rows: list[list[int] | None]) -> np.ndarray:
-    """The reference table of the held rows (unknown rows: 0 for a ring, ``pad`` paged):
+    """The reference table of the held rows (unknown rows: 0 for a ring, ``pad`` paged; a
+    cleared ring row ``pad``):
     :mod:`blockprep.reference` for ids it takes, cell by cell from the definition for padding
     rows holding negative ids (which it refuses)."""
     out = np.full((len(rows), width), 0 if ring else pad, dtype=np.int32)
     for r, ids in enumerate(rows):
+        if ring and ids == []:
+            out[r] = pad
         if ids is None or (ring and not ids):
             continue
         if min(ids, default=0) < 0:
@@ -78,10 +82,13 @@ class KernelPair(RuleBasedStateMachine):
         self, ring: bool, width: int, limit: int, rows: int, slots: int, pad: int, data: Any
     ) -> None:
         shortest = data.draw(st.integers(1 if ring else 0, min(width, 3)))
+        distinct = data.draw(st.booleans())
         spec = (ring, width, limit, shortest, pad, rows, slots)
         self.spec = spec
-        self.c = compiled.GroupKernel(*spec)
-        self.py = twin.GroupKernel(*spec)
+        self.c = compiled.GroupKernel(*spec, distinct=distinct)
+        self.py = twin.GroupKernel(*spec, distinct=distinct)
+        assert self.c.distinct is self.py.distinct is distinct
+        self.forgotten: list[set[int]] = [set() for _ in range(slots)]  # cells left as they were
         self.ring, self.width, self.limit, self.pad = ring, width, limit, pad
         self.rows, self.slots, self.shortest = rows, slots, shortest
         fill = data.draw(st.integers(-5, 5))
@@ -158,14 +165,18 @@ class KernelPair(RuleBasedStateMachine):
         assert same_fault(fault_c, fault_py), (fault_c, fault_py)
         if fault_c is not None:
             return
+        self._commit(data, plan_c, plan_py, data.draw(st.integers(0, 1)))
+
+    def _commit(self, data: Any, plan_c: Any, plan_py: Any, column: int) -> None:
+        assert self.c.rows_of(plan_c) == self.py.rows_of(plan_py)
         slot = data.draw(st.integers(0, self.slots - 1))
-        column = data.draw(st.integers(0, 1))
         out_c = self.c.commit(plan_c, slot, self.tables["c"][slot], self.counts["c"], column, True)
         out_py = self.py.commit(
             plan_py, slot, self.tables["py"][slot], self.counts["py"], column, True
         )
         assert out_c == out_py
-        self.committed[slot] = [self.py.held(r) for r in range(rows)]
+        self.forgotten[slot].difference_update(out_py[2])
+        self.committed[slot] = [self.py.held(r) for r in range(self.rows)]
 
     def _ops(self, data: Any, r: int) -> Any:
         """One row's operations: mostly well formed, sometimes not."""
@@ -233,11 +244,24 @@ class KernelPair(RuleBasedStateMachine):
         assert same_fault(fault_c, fault_py), (fault_c, fault_py)
         if fault_c is not None:
             return
-        slot = data.draw(st.integers(0, self.slots - 1))
-        out_c = self.c.commit(plan_c, slot, self.tables["c"][slot], self.counts["c"], 0, True)
-        out_py = self.py.commit(plan_py, slot, self.tables["py"][slot], self.counts["py"], 0, True)
-        assert out_c == out_py
-        self.committed[slot] = [self.py.held(r) for r in range(rows)]
+        self._commit(data, plan_c, plan_py, 0)
+
+    @rule(data=st.data())
+    def clear(self, data: Any) -> None:
+        row = data.draw(st.integers(-1, self.rows - 1))
+        self.c.clear(row)
+        self.py.clear(row)
+        if data.draw(st.booleans()):  # rendered now (an empty plan), or with a later step
+            empty = [k.stage([], [], [PADDING] * self.rows, _convert)[0] for k in (self.c, self.py)]
+            self._commit(data, *empty, 0)
+
+    @rule(data=st.data())
+    def forget(self, data: Any) -> None:
+        row = data.draw(st.integers(-1, self.rows - 1))
+        self.c.forget(row)
+        self.py.forget(row)
+        for rows in self.forgotten:
+            rows.update(range(self.rows) if row == -1 else [row])
 
     @rule(data=st.data())
     def invalidate(self, data: Any) -> None:
@@ -262,7 +286,8 @@ class KernelPair(RuleBasedStateMachine):
             held = self.committed[s]
             if held is not None:
                 expected = rebuild(self.ring, self.width, self.pad, held)
-                np.testing.assert_array_equal(self.tables["c"][s], expected)
+                known = [r for r in range(self.rows) if r not in self.forgotten[s]]
+                np.testing.assert_array_equal(self.tables["c"][s][known], expected[known])
         np.testing.assert_array_equal(self.counts["c"], self.counts["py"])
 
 

@@ -1133,6 +1133,52 @@ def test_reset_takes_no_args(K: type) -> None:
     rejected(K, lambda w: w.k.reset(0), TypeError)
 
 
+@pytest.mark.parametrize("method", ["clear", "forget"])
+def test_clear_and_forget_reject_bad_rows(K: type, method: str) -> None:
+    """A row that is not an exact int in range (``-1``: every row) raises and changes nothing."""
+    for value, exc in [(-2, IndexError), *BAD_INDICES[1:]]:
+        rejected(K, lambda w, v=value: getattr(w.k, method)(v), exc)
+    for value in BAD_INDEX_TYPES:
+        rejected(K, lambda w, v=value: getattr(w.k, method)(v), TypeError)
+    rejected(K, lambda w: getattr(w.k, method)(), TypeError)
+
+
+def test_rows_of_rejects_foreign_plans(K: type) -> None:
+    other = World(twin.GroupKernel if backend(K) == "c" else compiled().GroupKernel)
+    for plan in (None, [1], 5, "plan", other.change(), b"\x01\x02\x03"):
+        if backend(K) == "py" and type(plan) is list:
+            continue  # the twin's plans are lists: a list of ints is refused when committed
+        rejected(K, lambda w, p=plan: w.k.rows_of(p), (TypeError, ValueError))
+
+
+def test_distinct_is_keyword_only(K: type) -> None:
+    with pytest.raises(TypeError):
+        K(False, WIDTH, LIMIT, SHORTEST, PAD, ROWS, SLOTS, False)
+    assert K(False, WIDTH, LIMIT, SHORTEST, PAD, ROWS, SLOTS).distinct is True
+    k = K(False, WIDTH, LIMIT, SHORTEST, PAD, ROWS, SLOTS, distinct=False)
+    plan, fault = k.stage([0], [[3, 3, 3]], STAY, _convert)
+    assert fault is None and k.rows_of(plan) == [0]
+
+
+def test_cleared_and_forgotten_rows_render_as_documented(K: type) -> None:
+    """A cleared row is all ``pad`` (a ring too); a forgotten row's cells are left alone and a
+    later change renders it whole; an unknown ring row rendered whole is 0."""
+    for ring in (False, True):
+        w = World(K, ring)
+        w.commit(w.plan([], []), 1)  # slot 1 caught up: rows 0-2 rendered, row 3 unknown
+        w.k.clear(0)
+        w.k.forget(1)
+        w.tables[1][1] = 77  # something else wrote the forgotten row
+        rows, cells, written = w.commit(w.plan([], []), 1)
+        assert (rows, written, cells) == (1, [0], WIDTH if ring else 3)
+        assert w.tables[1][0].tolist() == [PAD] * WIDTH
+        assert w.tables[1][1].tolist() == [77] * WIDTH
+        assert (w.k.held(0), w.k.held(1), w.k.length(0), w.k.length(1)) == ([], None, 0, -1)
+        w.k.reset()
+        w.commit(w.plan([], []), 1)
+        assert w.tables[1][0].tolist() == [0 if ring else PAD] * WIDTH
+
+
 # --- the two kernels side by side: inputs both take ----------------------------------------------
 
 

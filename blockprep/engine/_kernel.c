@@ -114,10 +114,12 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
 {
     if (bk_busy(self))
         return -1;
-    static char *names[] = {"ring", "width", "limit", "shortest", "pad", "rows", "slots", NULL};
+    static char *names[] = {"ring", "width", "limit", "shortest", "pad", "rows", "slots",
+                            "distinct", NULL};
     PyObject *ring, *o[6];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO", names, &ring, &o[0], &o[1], &o[2],
-                                     &o[3], &o[4], &o[5]))
+    int distinct = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOO|$p", names, &ring, &o[0], &o[1], &o[2],
+                                     &o[3], &o[4], &o[5], &distinct))
         return -1;
     static const char *fields[] = {"width", "limit", "shortest", "pad", "rows", "slots"};
     long long v[6];
@@ -182,6 +184,7 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     self->generation = 0;
     self->stride = stride;
     self->ring = truth;
+    self->distinct = distinct;
     self->width = (Py_ssize_t)width;
     self->limit = limit;
     self->shortest = (Py_ssize_t)shortest;
@@ -348,8 +351,11 @@ static long long render(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_s
         if (whole) {
             if (self->ring && n > 0) {
                 tile(row, ids, n, W);
-            } else if (self->ring) {
+            } else if (self->ring && n < 0) { /* unknown */
                 memset(row, 0, sizeof(int32_t) * (size_t)W);
+            } else if (self->ring) { /* cleared */
+                for (Py_ssize_t j = 0; j < W; j++)
+                    row[j] = self->pad;
             } else {
                 Py_ssize_t k = n < 0 ? 0 : n;
                 memcpy(row, ids, sizeof(int32_t) * (size_t)k);
@@ -506,6 +512,91 @@ static PyObject *kernel_reset(GroupKernel *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* The rows a row argument names: [*first, *last) (-1: every row); -1 with an exception. */
+static int row_targets(GroupKernel *self, PyObject *arg, Py_ssize_t *first, Py_ssize_t *last)
+{
+    long long r;
+    if (bk_busy(self))
+        return -1;
+    if (PyLong_CheckExact(arg) && exact_value(arg) == -1) {
+        *first = 0;
+        *last = self->rows;
+        return 0;
+    }
+    if (bk_int_arg(arg, "row", 0, self->rows, &r) < 0)
+        return -1;
+    *first = (Py_ssize_t)r;
+    *last = (Py_ssize_t)r + 1;
+    return 0;
+}
+
+static PyObject *kernel_clear(GroupKernel *self, PyObject *arg)
+{
+    Py_ssize_t first, last;
+    if (row_targets(self, arg, &first, &last) < 0)
+        return NULL;
+    for (Py_ssize_t r = first; r < last; r++) {
+        int32_t m = self->lens[r];
+        if (m == 0)
+            continue; /* holds none already */
+        int32_t change[MARK] = {WHOLE, 0, 0, 0, 0, 0};
+        if (m > 0 && !self->ring) { /* a paged row: its ids' cells */
+            if (m <= MAX_POSITIONS) {
+                change[0] = POSITIONS;
+                change[1] = m;
+                for (int32_t i = 0; i < m; i++)
+                    change[2 + i] = i;
+            } else {
+                change[0] = SPAN;
+                change[2] = 0;
+                change[3] = m;
+            }
+        }
+        self->lens[r] = 0;
+        self->checked[r] = 0;
+        for (Py_ssize_t s = 0; s < self->slots; s++)
+            merge(self->marks + (s * self->rows + r) * MARK, change, self->ring);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *kernel_forget(GroupKernel *self, PyObject *arg)
+{
+    Py_ssize_t first, last;
+    if (row_targets(self, arg, &first, &last) < 0)
+        return NULL;
+    for (Py_ssize_t r = first; r < last; r++) {
+        self->lens[r] = -1;
+        self->checked[r] = 0;
+        for (Py_ssize_t s = 0; s < self->slots; s++) {
+            int32_t *mk = self->marks + (s * self->rows + r) * MARK;
+            mk[0] = CLEAN;
+            mk[1] = 0;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *kernel_rows_of(GroupKernel *self, PyObject *plan)
+{
+    if (!PyBytes_CheckExact(plan) || PyBytes_GET_SIZE(plan) % sizeof(int32_t)) {
+        PyErr_SetString(PyExc_TypeError, "plan must be a plan this kernel staged");
+        return NULL;
+    }
+    const int32_t *rec = (const int32_t *)PyBytes_AS_STRING(plan);
+    Py_ssize_t total = PyBytes_GET_SIZE(plan) / (Py_ssize_t)sizeof(int32_t);
+    if (check_plan(self, rec, total) < 0)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t at = 0; out && at < total; at += HEADER + rec[at + 1]) {
+        PyObject *x = PyLong_FromLong(rec[at]);
+        if (!x || PyList_Append(out, x) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(x);
+    }
+    return out;
+}
+
 static PyMethodDef kernel_methods[] = {
     {"held", (PyCFunction)kernel_held, METH_O, "A copy of the ids a row holds (None: unknown)."},
     {"length", (PyCFunction)kernel_length, METH_O, "How many ids a row holds (-1: unknown)."},
@@ -518,6 +609,11 @@ static PyMethodDef kernel_methods[] = {
     {"invalidate", (PyCFunction)kernel_invalidate, METH_O,
      "Mark every row of a slot (-1: every slot) whole."},
     {"reset", (PyCFunction)kernel_reset, METH_NOARGS, "Forget every row's ids."},
+    {"clear", (PyCFunction)kernel_clear, METH_O,
+     "A row (-1: every row) holds no ids; every slot marks what that changes."},
+    {"forget", (PyCFunction)kernel_forget, METH_O,
+     "A row (-1: every row) holds unknown ids; no slot marks it."},
+    {"rows_of", (PyCFunction)kernel_rows_of, METH_O, "The rows a plan changes, in its order."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -529,6 +625,10 @@ static PyObject *get_shortest(GroupKernel *self, void *c)
     return PyLong_FromSsize_t(self->shortest);
 }
 static PyObject *get_pad(GroupKernel *self, void *c) { return PyLong_FromLong(self->pad); }
+static PyObject *get_distinct(GroupKernel *self, void *c)
+{
+    return PyBool_FromLong(self->distinct);
+}
 static PyObject *get_rows(GroupKernel *self, void *c) { return PyLong_FromSsize_t(self->rows); }
 static PyObject *get_slots(GroupKernel *self, void *c) { return PyLong_FromSsize_t(self->slots); }
 
@@ -538,6 +638,7 @@ static PyGetSetDef kernel_getset[] = {
     {"limit", (getter)get_limit, NULL, NULL, NULL},
     {"shortest", (getter)get_shortest, NULL, NULL, NULL},
     {"pad", (getter)get_pad, NULL, NULL, NULL},
+    {"distinct", (getter)get_distinct, NULL, NULL, NULL},
     {"rows", (getter)get_rows, NULL, NULL, NULL},
     {"slots", (getter)get_slots, NULL, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},

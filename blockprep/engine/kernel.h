@@ -27,6 +27,7 @@ enum { CLEAN = 0, POSITIONS = 1, SPAN = 2, WHOLE = 3 };
 typedef struct {
     PyObject_HEAD
     int ring;
+    int distinct; /* a request's row must not repeat an id (rule 4) */
     Py_ssize_t width, shortest, rows, slots;
     Py_ssize_t stride; /* held row stride: grows with the longest row, at most width */
     long long limit;

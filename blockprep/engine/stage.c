@@ -288,7 +288,7 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
             return *fault_out ? 1 : -1;
         }
     }
-    if (!padding && nchg) {
+    if (!padding && nchg && self->distinct) {
         Py_ssize_t j = first_repeat(self, s, n, nchg, src >= 0 && self->checked[src]);
         if (j < n) {
             PyObject *value = PyLong_FromLongLong(vals[j]);
@@ -335,7 +335,7 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
         return -1;
     rec[0] = (int32_t)r;
     rec[1] = (int32_t)n;
-    rec[2] = mode | (padding ? 0 : CHECKED);
+    rec[2] = mode | (padding || !self->distinct ? 0 : CHECKED);
     rec[3] = count;
     memcpy(rec + 4, pos, sizeof pos);
     for (Py_ssize_t p = 0; p < n; p++)

@@ -28,7 +28,7 @@ row whose held ids the row's request held, ``r`` itself when it stayed):
 3. *Range*: every changed id of a request's row in ``[0, limit)`` (fault ``RANGE``); of a padding
    row in int32 (fault ``PAD_RANGE``).
 4. *Repeats*: a request's row holds no id twice (fault ``REPEAT`` with the first id, in position
-   order, seen earlier in the row).
+   order, seen earlier in the row); not checked by a kernel made with ``distinct=False``.
 
 Faults come in that order within a row, rows in visit order. A row that stays (``src`` is ``r``
 or ``PADDING``) and holds exactly the ids it held (same length, every id ``==``) is no change and
@@ -36,6 +36,12 @@ is not checked. Any other row that holds what it held is checked, and is no chan
 the slot marks say what to write: the positions that differ (a ring slot is the strided columns
 ``p, p + n, ...``; a paged position one cell, ``pad`` past the ids), at most ``MAX_POSITIONS`` of
 them; else a paged range ``[lo, hi)``; else the whole row.
+
+Besides steps: :meth:`GroupKernel.clear` makes rows hold no ids (a *cleared* row: every cell
+``pad``, ring or paged; a ring row can hold no ids only this way), :meth:`GroupKernel.forget`
+makes rows unknown without marking them (their cells are left as they are, and a later change
+renders them whole), :meth:`GroupKernel.rows_of` names the rows a plan changes. A whole-row
+render of an unknown row writes 0 (ring) or ``pad`` (paged).
 """
 
 from __future__ import annotations
@@ -78,15 +84,26 @@ class GroupKernel:
 
     Args: ``ring`` (else paged), ``width`` table columns, ``limit`` ids of a request in
     ``[0, limit)``, ``shortest`` fewest ids of a request's row, ``pad`` after a paged row's ids,
-    ``rows`` table rows, ``slots`` buffer slots. Every slot starts marked whole.
+    ``rows`` table rows, ``slots`` buffer slots; ``distinct`` (keyword only): a request's row must
+    not repeat an id (the rule 4). Every slot starts marked whole.
     """
 
     def __init__(
-        self, ring: bool, width: int, limit: int, shortest: int, pad: int, rows: int, slots: int
+        self,
+        ring: bool,
+        width: int,
+        limit: int,
+        shortest: int,
+        pad: int,
+        rows: int,
+        slots: int,
+        *,
+        distinct: bool = True,
     ) -> None:
         self._check_idle()
         _check_spec(ring, width, limit, shortest, pad, rows, slots)
-        truth = bool(ring)
+        truth, unique = bool(ring), bool(distinct)
+        self.distinct = unique
         self.ring, self.width, self.limit = truth, width, limit
         self.shortest, self.pad, self.rows, self.slots = shortest, pad, rows, slots
         self._held: list[list[int] | None] = [None] * rows
@@ -248,7 +265,7 @@ class GroupKernel:
             return (REPEAT, r, x)
         new = held[:]
         new[p] = _INTERNED[x] if self.limit <= INTERNED_IDS else x
-        plan.append((r, new, (POSITIONS, (p,)), True))
+        plan.append((r, new, (POSITIONS, (p,)), True))  # only a distinct kernel gets here
         return None
 
     def _stage_row(
@@ -275,7 +292,7 @@ class GroupKernel:
         else:
             mark = self._mark(old, new)
         if mark is not None:
-            plan.append((r, new, mark, src != PADDING))
+            plan.append((r, new, mark, src != PADDING and self.distinct))
         return None
 
     def _checked(
@@ -361,7 +378,10 @@ class GroupKernel:
                 if not 0 <= new[p] < self.limit:
                     return None, (RANGE, r, new[p])
         few = distinct and len(changed) <= MAX_POSITIONS  # only a changed id can repeat
-        if changed and (any(new.count(new[p]) > 1 for p in changed) if few else len(set(new)) != n):
+        repeats = changed and (
+            any(new.count(new[p]) > 1 for p in changed) if few else len(set(new)) != n
+        )
+        if self.distinct and repeats:
             seen = set()
             for x in new:
                 if x in seen:
@@ -430,6 +450,46 @@ class GroupKernel:
         self._held = [None] * self.rows
         self.invalidate(-1)
 
+    def clear(self, row: int) -> None:
+        """Row ``row`` (every row: -1) holds no ids; every slot marks what a render of the
+        cleared row changes (nothing for a row holding none; a paged row's ids; else whole)."""
+        self._check_idle()
+        for r in self._targets(row):
+            old = self._held[r]
+            if old is not None and not old:
+                continue
+            mark = (
+                (WHOLE, ())
+                if old is None or self.ring
+                else _positions_mark(list(range(len(old))), False)
+            )
+            assert mark is not None
+            self._held[r] = []
+            self._distinct[r] = False
+            for marks in self._marks:
+                marks[r] = _merged(marks.get(r), mark, self.ring)
+
+    def forget(self, row: int) -> None:
+        """Row ``row`` (every row: -1) holds unknown ids; no slot marks it (its cells are left
+        as they are; a later change renders it whole)."""
+        self._check_idle()
+        for r in self._targets(row):
+            self._held[r] = None
+            self._distinct[r] = False
+            for marks in self._marks:
+                marks.pop(r, None)
+
+    def rows_of(self, plan: list[_Change]) -> list[int]:
+        """The rows a plan this kernel staged changes, in its order."""
+        if type(plan) is not list:
+            raise TypeError("plan must be a plan this kernel staged")
+        return [change[0] for change in plan]
+
+    def _targets(self, row: object) -> Sequence[int]:
+        if type(row) is int and row == -1:
+            return range(self.rows)
+        return (_index(row, self.rows, "row"),)
+
     def _render(
         self, marks: dict[int, Mark], table: npt.NDArray[np.int32], want_rows: bool
     ) -> tuple[int, int, list[int] | None]:
@@ -463,15 +523,16 @@ class GroupKernel:
 
     def _render_whole(self, rows: list[int], table: npt.NDArray[np.int32]) -> None:
         """Rows rendered whole: ring rows of one length tiled in one block, paged rows one
-        block; unknown rows 0 (ring) or ``pad`` (paged)."""
+        block; unknown rows 0 (ring) or ``pad`` (paged), cleared rows ``pad``."""
         held = self._held
         if self.ring:
             by_length: dict[int, list[int]] = {}
             for r in rows:
-                by_length.setdefault(len(held[r] or ()), []).append(r)
+                held_ids = held[r]
+                by_length.setdefault(-1 if held_ids is None else len(held_ids), []).append(r)
             for n, members in by_length.items():
-                if n == 0:
-                    table[members] = 0
+                if n <= 0:
+                    table[members] = 0 if n < 0 else self.pad
                     continue
                 ids = np.array([held[r] for r in members], dtype=np.int32)
                 block = np.empty((len(members), self.width), dtype=np.int32)
