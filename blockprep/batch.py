@@ -6,6 +6,7 @@ persistent decode buffers and hands them to a :class:`DecodeExecutor`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -108,6 +109,54 @@ class DecodeResult:
     sampling_candidates: SamplingCandidates | None = None
     next_hidden_states: torch.Tensor | None = None
     accepted_token_ids: list[list[int]] | None = None
+
+
+_REQUIRED = ("request_ids", "token_ids", "seq_lens")
+_OPTIONAL: tuple[tuple[str, Callable[[], object] | None], ...] = (
+    ("hidden_states", None),
+    ("allow_device_greedy_sampling", bool),
+    ("allow_device_topk_sampling", bool),
+    ("kv_allocations", list),
+    ("block_ids", list),
+    ("block_ids_by_group", list),
+    ("cache_partitions", list),
+    ("prev_token_ids", None),
+    ("prev_hidden_states", None),
+    ("block_deltas", None),
+)
+"""The fields besides the required three, each with what makes upstream's default (``None``:
+``None``)."""
+
+
+def as_decode_batch(batch: object) -> DecodeBatch:
+    """``batch`` as a :class:`DecodeBatch`, what every adapter entry point reads.
+
+    A :class:`DecodeBatch` (or a subclass) is returned as it is. Any other object (upstream's own
+    ``DecodeBatch`` at ``9b1a264``, a newer one with more fields, a namespace) is read by
+    attribute name into a new one: ``request_ids``, ``token_ids`` and ``seq_lens`` must be there;
+    every other field it lacks takes upstream's default (``hidden_states``, ``prev_token_ids``,
+    ``prev_hidden_states`` and ``block_deltas`` ``None``, the switches ``False``, the lists
+    empty); attributes of no field here are ignored. The tensors and lists are the caller's own
+    objects, not copies.
+
+    Raises:
+        TypeError: a required attribute missing (named, with the object's type), and the
+            conversions of :class:`DecodeBatch` (a ``token_ids`` that is no tensor or list).
+    """
+    if isinstance(batch, DecodeBatch):
+        return batch
+    missing = [name for name in _REQUIRED if not hasattr(batch, name)]
+    if missing:
+        raise TypeError(
+            f"a decode batch needs {', '.join(missing)}: {type(batch).__name__} has no "
+            f"attribute {missing[0]!r}"
+        )
+    values = {name: getattr(batch, name) for name in _REQUIRED}
+    for name, default in _OPTIONAL:
+        values[name] = getattr(batch, name, None)
+        if values[name] is None and default is not None:
+            values[name] = default()
+    return DecodeBatch(**values)
 
 
 def _as_tensor(value: object, name: str) -> torch.Tensor:

@@ -142,7 +142,8 @@ class QwenDecodeBuffers:
         self.slot_mapping = torch.full((batch,), -1, dtype=torch.int32)
 
     def _batch_size(self, batch: DecodeBatch) -> int:
-        count = len(batch.request_ids) if batch.request_ids else int(batch.seq_lens.shape[0])
+        allocations = getattr(batch, "kv_allocations", None)  # upstream's count (2.3, step 1)
+        count = len(allocations) if allocations else int(batch.seq_lens.shape[0])
         if count <= 0:
             raise ValueError("batch must contain at least one request")
         if count > self.max_batch_size:
@@ -169,6 +170,12 @@ class QwenDecodeBuffers:
 
 
 def _page_ids(batch: DecodeBatch, row: int) -> list[int]:
+    """Upstream's page source by priority (seed-semantics 2.3, step 7): ``kv_allocations[row]``,
+    else ``block_ids[row]``, else ``[]``."""
+    allocations = getattr(batch, "kv_allocations", None) or []
+    if row < len(allocations):
+        pages: list[int] = allocations[row].page_ids
+        return pages
     return batch.block_ids[row] if row < len(batch.block_ids) else []
 
 

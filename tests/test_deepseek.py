@@ -181,9 +181,14 @@ def test_layout_groups_widths_and_ring_lengths() -> None:
         ),
         ({"num_blocks": {"ori": 9}}, ValueError, "num_blocks is missing cache groups: cmp_c128, "),
         (
-            {"num_blocks": {**{g: 100 for g in GROUP_NAMES}, "idx": 8}},
+            {"decode_batch": 64},
             ValueError,
-            "DeepSeekV4 idx cache needs more than 8 physical blocks",
+            "DeepSeekV4 hca_state cache needs more than 64 physical blocks",
+        ),
+        (
+            {"num_blocks": {**{g: 100 for g in GROUP_NAMES}, "idx": 0}},
+            ValueError,
+            "num_blocks['idx'] must be positive, got 0",
         ),
         (
             {"num_blocks": {**{g: 100 for g in GROUP_NAMES}, "idx": 2**31 - 3}},

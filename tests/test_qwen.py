@@ -228,7 +228,8 @@ GOOD = DecodeBatch(
                 hidden_states=None,
                 seq_lens=torch.tensor([1]),
             ),
-            r"^decode seq_lens has 1 rows, expected 2$",
+            r"^decode token_ids must contain exactly one token per row, got shape \(2,\) "
+            r"\(decode seq_lens has 1 rows for 2 request ids\)$",
         ),
         (
             DecodeBatch(

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep import log
 from blockprep.adapters.qwen_abi import QWEN3_PREPARED_ARGUMENTS, qwen3_prepared_arguments
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
@@ -239,9 +240,11 @@ class QwenDecodePreparer:
             ValueError: ``"batch must contain at least one request"``; ``"batch has {n}
                 requests, but runtime max_batch_size is {B}"``; ``"decode token_ids must contain
                 exactly one token per row, got shape {shape}"`` (only ``[A]`` and ``[A, 1]``
-                are taken; upstream's reshape also took ``[1, A]``); ``"decode seq_lens has {n}
-                rows, expected {A}"`` (fewer rows; or more rows than request ids without
-                ``kv_allocations``: with them, extra trailing rows are ignored, as upstream);
+                are taken; upstream's reshape also took ``[1, A]``; also for fewer ``seq_lens``
+                rows than request ids without ``kv_allocations``, as upstream, which counts the
+                ``seq_lens`` rows, then the counts named); ``"decode seq_lens has {n} rows,
+                expected {A}"`` (fewer rows than ``kv_allocations``; or more rows than request
+                ids without them: with them, extra trailing rows are ignored, as upstream);
                 then, for deltas, :class:`~blockprep.wire.DeltaSequenceError`
                 (the message does not build on the last one applied) and
                 :class:`~blockprep.wire.DeltaMessageError` (a malformed message or op, the
@@ -255,8 +258,18 @@ class QwenDecodePreparer:
                 shape checks; a non-integer page id (row named).
 
         ``block_ids`` rows past the batch are ignored (upstream reads ``block_ids[i]`` for the
-        ``A`` rows only); a missing row is ``[]``.
+        ``A`` rows only); a missing row is ``[]``. ``batch`` may be upstream's own object, or any
+        with ``request_ids``, ``token_ids`` and ``seq_lens``: each optional field it lacks reads
+        as upstream's default, and ``hidden_states`` is never read. A rejection is logged
+        (:mod:`blockprep.log`).
         """
+        try:
+            return self._prepare(batch)
+        except log.REJECTIONS as error:
+            log.rejected("QwenDecodePreparer.prepare", error)
+            raise
+
+    def _prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
         allocations = getattr(batch, "kv_allocations", None)  # upstream's: pages come first
         if allocations:
             count = len(allocations)
@@ -273,6 +286,12 @@ class QwenDecodePreparer:
         if shape != (count,) and shape != (count, 1):
             _raise_token_shape(tokens, count)
         seq_count = batch.seq_lens.numel()
+        if seq_count < count and not allocations:
+            # upstream counts the seq_lens rows, and its token_ids reshape to them fails first
+            raise ValueError(
+                "decode token_ids must contain exactly one token per row, got shape "
+                f"{tuple(shape)} (decode seq_lens has {seq_count} rows for {count} request ids)"
+            )
         if seq_count < count:
             raise ValueError(f"decode seq_lens has {seq_count} rows, expected {count}")
         if seq_count > count and not allocations:
@@ -711,7 +730,8 @@ def _page_lists(batch: DecodeBatch) -> Sequence[Sequence[int]]:
     ``block_ids[i]``."""
     allocations = getattr(batch, "kv_allocations", None)
     if not allocations:
-        return batch.block_ids
+        block_ids: Sequence[Sequence[int]] = getattr(batch, "block_ids", None) or []
+        return block_ids
     return [allocation.page_ids for allocation in allocations]
 
 

@@ -49,6 +49,22 @@ UNBOUND: Final = "unbound"
 with_num_blocks`, :meth:`~blockprep.adapters.deepseek.DeepSeekV4DecodePreparer.bind_num_blocks`),
 as upstream allocates its decode buffers before it learns the KV pool sizes."""
 
+COMPILED_LIMITS: Final = MappingProxyType(
+    {
+        "ori": 128,
+        "cmp_c128": 128,
+        "cmp_c4": 128,
+        "idx": 128,
+        "hca_state": 64,
+        "csa_state": 65,
+        "csa_inner_state": 65,
+    }
+)
+"""Per group, the most blocks one request may address in the compiled kernel (upstream's
+``*_MAX_BLOCKS``): a ring's length may not pass it, and it must exceed ``decode_batch``
+(upstream's "needs more than {decode_batch} physical blocks"). It bounds a request's table, not
+the physical pool: a pool may hold any number of blocks."""
+
 DECODE_TOKENS = 8
 """Token rows per rank without MTP (upstream ``DEEPSEEK_V4_DECODE_TOKENS``)."""
 MTP_DECODE_TOKENS = 16
@@ -82,8 +98,12 @@ class DeepSeekV4Layout:
         decode_batch: kernel rows per rank (``b``).
         decode_seq: token slots per row (``S``; 2 for MTP verification).
         max_seq_len: longest sequence, at most 16384 (128 source blocks of 128 tokens).
-        num_blocks: group name -> scheduler-visible physical blocks per rank, every group named.
-            Default: enough for ``decode_batch`` requests of ``ids_per_request`` ids each.
+        num_blocks: group name -> scheduler-visible physical blocks per rank, every group named,
+            each positive and of any size (upstream's rule: a request's ids lie in ``[0,
+            num_blocks)``; a rank's padding row ``k`` takes the scratch page ``num_blocks + k``,
+            ``0 <= k < decode_batch``): upstream's ``_cache_group_num_blocks``, which may be one
+            maximum-length request's worth. Default: enough for ``decode_batch`` requests of
+            ``ids_per_request`` ids each.
             :data:`UNBOUND` (``"unbound"``): not known yet (upstream learns them after the
             buffers exist); bind them with :meth:`with_num_blocks` or the preparer's
             ``bind_num_blocks``. An unbound layout has every shape, but no pool sizes.
@@ -98,9 +118,11 @@ class DeepSeekV4Layout:
             positive"``, ``"max_seq_len must be positive"``, ``"DeepSeekV4 max_seq_len={m} needs
             {n} source-token blocks, but the compiled block tables support 128"``, ``"DeepSeekV4
             {name} cache needs {required} blocks per request to cover ..."``, ``"DeepSeekV4 {name}
-            cache needs more than {decode_batch} physical blocks"``, ``"unknown DeepSeekV4 cache
-            group: {name}"``; and for ``ranks``, ``decode_seq``, a missing group or a pool whose
-            scratch pages would pass ``2**31 - 1``.
+            cache needs more than {decode_batch} physical blocks"`` (a group's compiled limit,
+            :data:`COMPILED_LIMITS`, not above ``decode_batch``: upstream's check, whatever the
+            pool size), ``"unknown DeepSeekV4 cache group: {name}"``; and for ``ranks``,
+            ``decode_seq``, a missing group, a pool below 1 or one whose scratch pages would pass
+            ``2**31 - 1``.
         TypeError: a non-integer argument.
     """
 
@@ -139,24 +161,29 @@ class DeepSeekV4Layout:
             )
         csa_ring = math.ceil((CSA_COMPRESS_RATIO + prefill) / CSA_STATE_BLOCK_TOKENS)
         rings = {
-            "ori": (math.ceil((SLIDING_WINDOW - 1 + prefill) / SOURCE_BLOCK_TOKENS) + 1, 128),
-            "hca_state": (math.ceil((SLIDING_WINDOW + prefill) / HCA_STATE_BLOCK_TOKENS), 64),
-            "csa_state": (csa_ring, 65),
-            "csa_inner_state": (csa_ring, 65),
+            "ori": math.ceil((SLIDING_WINDOW - 1 + prefill) / SOURCE_BLOCK_TOKENS) + 1,
+            "hca_state": math.ceil((SLIDING_WINDOW + prefill) / HCA_STATE_BLOCK_TOKENS),
+            "csa_state": csa_ring,
+            "csa_inner_state": csa_ring,
         }
-        for name, (required, limit) in rings.items():
-            if required > limit:
+        for name, required in rings.items():
+            if required > COMPILED_LIMITS[name]:
                 raise ValueError(
                     f"DeepSeekV4 {name} cache needs {required} blocks per request to cover the "
                     "rolling history and in-flight prefill tokens, but the compiled block table "
-                    f"supports {limit}"
+                    f"supports {COMPILED_LIMITS[name]}"
+                )
+        for name in GROUP_NAMES:  # upstream's check of each group's compiled table limit
+            if COMPILED_LIMITS[name] <= decode_batch:
+                raise ValueError(
+                    f"DeepSeekV4 {name} cache needs more than {decode_batch} physical blocks"
                 )
         shapes: dict[str, tuple[Literal["ring", "paged"], int, int, int]] = {
-            "ori": ("ring", 128, SOURCE_BLOCK_TOKENS, rings["ori"][0]),
+            "ori": ("ring", 128, SOURCE_BLOCK_TOKENS, rings["ori"]),
             "cmp_c128": ("paged", 128, SOURCE_BLOCK_TOKENS, source_blocks),
             "cmp_c4": ("paged", 128, SOURCE_BLOCK_TOKENS, source_blocks),
             "idx": ("paged", 128, SOURCE_BLOCK_TOKENS, source_blocks),
-            "hca_state": ("ring", 2048, HCA_STATE_BLOCK_TOKENS, rings["hca_state"][0]),
+            "hca_state": ("ring", 2048, HCA_STATE_BLOCK_TOKENS, rings["hca_state"]),
             "csa_state": ("ring", 4096, CSA_STATE_BLOCK_TOKENS, csa_ring),
             "csa_inner_state": ("ring", 4096, CSA_STATE_BLOCK_TOKENS, csa_ring),
         }
@@ -294,10 +321,8 @@ def _pool_sizes(
     pools = {}
     for name in GROUP_NAMES:
         count = as_int(num_blocks[name], f"num_blocks[{name!r}]")
-        if count <= decode_batch:
-            raise ValueError(
-                f"DeepSeekV4 {name} cache needs more than {decode_batch} physical blocks"
-            )
+        if count <= 0:
+            raise ValueError(f"num_blocks[{name!r}] must be positive, got {count}")
         if count + decode_batch - 1 > INT32_MAX:
             raise ValueError(
                 f"num_blocks[{name!r}]={count}: scratch pages up to {count + decode_batch - 1} "

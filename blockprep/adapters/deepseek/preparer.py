@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep import log
 from blockprep.adapters.deepseek.abi import PREPARED_ARGUMENTS, deepseek_v4_prepared_arguments
 from blockprep.adapters.deepseek.assignment import Assignment, assign
 from blockprep.adapters.deepseek.checks import normalization_error, raise_first
@@ -61,7 +62,7 @@ from blockprep.adapters.deepseek.rows import (
 )
 from blockprep.adapters.deepseek.tables import Scratch, bind_tables, plan_deltas, plan_tables
 from blockprep.adapters.deepseek.verify import check_contract, verify_lists, verify_slot
-from blockprep.batch import DecodeBatch
+from blockprep.batch import DecodeBatch, as_decode_batch
 from blockprep.block_table import BlockTableStats
 from blockprep.grouped import GroupedTables
 from blockprep.ids import as_int
@@ -327,7 +328,10 @@ class DeepSeekV4DecodePreparer:
         ``seq_lens[i] - 1``, repeated over ``decode_seq``. Upstream's rules: rank from
         ``cache_partitions``, local row by order of arrival on the rank; padding rows get scratch
         pages and block count 1; their dynamic inputs copy the rank's first request (global
-        request 0 on an empty rank).
+        request 0 on an empty rank). ``seq_lens`` entries past the ``A`` requests are ignored, as
+        upstream reads ``seq_lens[i]`` for the requests only. ``batch`` may be upstream's own
+        object (:func:`~blockprep.batch.as_decode_batch`, as for every method here); a rejection
+        is logged (:mod:`blockprep.log`).
 
         ``early=True``: upstream's ``prepare_decode`` (``decode.prepare_early``, run on the
         command thread while the device runs the previous step, before the previous step's token
@@ -347,6 +351,7 @@ class DeepSeekV4DecodePreparer:
             SlotBusyError: another thread holds ``buffer_slot``.
         """
         with preparing(self._slots, self._plan_lock, buffer_slot, "prepare"):
+            batch = as_decode_batch(batch)  # upstream's own objects: its defaults
             self._grouped()
             if early:
                 early_device_only(self.embedding == "host")
@@ -393,6 +398,7 @@ class DeepSeekV4DecodePreparer:
                 of :meth:`prepare`; nothing is written.
         """
         with preparing(self._slots, self._plan_lock, buffer_slot, "prepare_mtp"):
+            batch = as_decode_batch(batch)
             self._grouped()
             if early:
                 early_device_only(self.embedding == "host")
@@ -443,6 +449,7 @@ class DeepSeekV4DecodePreparer:
             TypeError: non-integer token rows or positions, and as :meth:`prepare`.
         """
         with preparing(self._slots, self._plan_lock, buffer_slot, "prepare_mtp_target"):
+            batch = as_decode_batch(batch)
             self._grouped()
             if self.embedding == "host":
                 raise ValueError('prepare_mtp_target needs embedding="device"')
@@ -489,6 +496,7 @@ class DeepSeekV4DecodePreparer:
         number = self._slot_number(buffer_slot)
         slot = self._slots[number]
         with holding(slot, number, "restage"):
+            batch = as_decode_batch(batch)
             prepared = prepared_step(slot, number, batch)
             assignment = prepared.assignment
             A = len(assignment.ranks)
@@ -544,9 +552,14 @@ class DeepSeekV4DecodePreparer:
                 (``"MTP previous embeddings must align with draft embeddings"``),
                 ``"draft_token_ids must have {A} entries, got {n}"``.
         """
-        return speculative_batch(
-            batch, draft_token_ids, draft_hidden_states, host=self.embedding == "host"
-        )
+        host = self.embedding == "host"
+        try:
+            return speculative_batch(
+                as_decode_batch(batch), draft_token_ids, draft_hidden_states, host=host
+            )
+        except log.REJECTIONS as error:
+            log.rejected("DeepSeekV4DecodePreparer.speculative_batch", error)
+            raise
 
     # --- one step: check, plan, then write -------------------------------------------------------
 

@@ -45,10 +45,12 @@ class Rows:
 
 
 def checked_seq_lens(batch: DecodeBatch, A: int) -> npt.NDArray[np.int64]:
+    """The first ``A`` seq_lens (upstream reads ``seq_lens[q]`` for the ``A`` requests only:
+    extra trailing entries are ignored); fewer than ``A``, or not 1-D, is refused."""
     seq = integer_array(batch.seq_lens, "seq_lens")
-    if seq.shape != (A,):
+    if seq.ndim != 1 or seq.shape[0] < A:
         raise ValueError(f"decode seq_lens must have shape [{A}], got {list(seq.shape)}")
-    return seq
+    return seq[:A]
 
 
 def one_per_rank(layout: DeepSeekV4Layout, assignment: Assignment) -> None:
@@ -191,6 +193,8 @@ def host_float(states: torch.Tensor, name: str) -> torch.Tensor:
 
 def integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
     """An integer tensor (or array, or list) as an int64 NumPy array; ``TypeError`` otherwise."""
+    if type(values) is torch.Tensor and values.dtype == torch.int64 and values.is_cpu:
+        return values.numpy()  # the common case: a CPU int64 tensor, read in place
     if values is None:
         raise ValueError(f"decode {name} are missing")
     array = values if isinstance(values, torch.Tensor) else np.asarray(values)
