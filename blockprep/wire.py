@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from blockprep import log
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import has_integer_dtype, is_integer_id
 
@@ -254,7 +255,7 @@ class DeltaCursor:
                 f"a block delta message needs a dict of rows, got {type(rows).__name__}"
             )
         if base is not None and (base != self.last or seq < base or (seq == base and rows)):
-            raise DeltaSequenceError(self.last, base, seq)
+            raise log.resync(DeltaSequenceError(self.last, base, seq))  # a WARNING record
         return seq, rows
 
 

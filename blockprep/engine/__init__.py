@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from blockprep import log
 from blockprep.engine import twin
 
 FORCED_PURE_PYTHON = os.environ.get("BLOCKPREP_PURE_PYTHON", "") not in ("", "0")
@@ -28,9 +29,10 @@ else:
         from blockprep.engine._kernel import GroupKernel
 
         BACKEND = "c"
-    except ImportError:  # not built (no compiler at install time): the twin
+    except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
         BACKEND = "python"
+        log.fallback(error)  # a WARNING record, once (not when forced)
 
 
 def kernel_backend() -> str:

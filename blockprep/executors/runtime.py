@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from blockprep import log
 from blockprep.adapters.deepseek.abi import (
     DEEPSEEK_V4_DECODE_ARGUMENTS,
     DEEPSEEK_V4_DECODE_KERNEL,
@@ -389,11 +390,13 @@ class DeepSeekV4RuntimeExecutor:
                     "preparing the slot again (the kernel may still read its buffers)"
                 )
             self._busy.add(slot)  # claimed before writing: another thread cannot take it
-            return slot
+        log.slot_claimed(slot, "DeepSeekV4RuntimeExecutor")
+        return slot
 
     def _release(self, slot: int) -> None:
         with self._lock:
             self._busy.discard(slot)
+        log.slot_released(slot, "DeepSeekV4RuntimeExecutor")
 
     def _dispatch(
         self, batch: DecodeBatch, inputs: DeepSeekV4DecodeInputs

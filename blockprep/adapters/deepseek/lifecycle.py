@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from blockprep import log
 from blockprep.adapters.deepseek.abi import GROUP_ARGUMENTS, PREPARED_ARGUMENTS
 from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.dynamic import DynamicInputs
@@ -146,6 +147,9 @@ def holding(slot: Slot, number: object, what: str) -> Iterator[None]:
         raise SlotBusyError(as_int(number, "buffer_slot"), what)
     try:
         yield
+    except log.REJECTIONS as error:  # a WARNING record (once, however many boundaries)
+        log.rejected(f"DeepSeekV4DecodePreparer.{what}", error)
+        raise
     finally:
         slot.lock.release()
 
@@ -167,7 +171,11 @@ def preparing(
         if slot is not None:
             stack.enter_context(holding(slot, number, what))
         stack.enter_context(plan_lock)
-        yield
+        try:
+            yield
+        except log.REJECTIONS as error:  # a WARNING record (once, however many boundaries)
+            log.rejected(f"DeepSeekV4DecodePreparer.{what}", error)
+            raise
 
 
 @contextmanager
