@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.buffers import check_writable, claim_buffer, host_tensor
+from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
@@ -174,10 +174,11 @@ class BlockTable:
         else:
             if pin_memory or share_memory:
                 raise ValueError("pin_memory and share_memory apply only to an allocated buffer")
-            _check_buffer(buffer, num_rows, max_blocks)
+            shapes = ((num_rows, max_blocks), (num_rows * max_blocks,))
+            check_adopted(buffer, "buffer", dtype=torch.int32, shapes=shapes)
             self._tensor = buffer
             initial = None
-        claim_buffer(self, self._tensor, "BlockTable")  # one table per buffer
+        claim_buffers(self, [("buffer", self._tensor)], "BlockTable")  # one owner per byte
         self._flat: npt.NDArray[np.int32] = self._tensor.detach().numpy().reshape(-1)
         self._rows = self._flat.reshape(num_rows, max_blocks)
         # Per row: a copy of the ids the row holds, the cleared marker, or None (unknown).
@@ -1255,19 +1256,3 @@ def _listed_hit(ids: object, cached: Any) -> bool:
     except (TypeError, ValueError):
         return False
 
-
-def _check_buffer(buffer: object, num_rows: int, max_blocks: int) -> None:
-    if not isinstance(buffer, torch.Tensor):
-        raise TypeError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
-    if buffer.dtype != torch.int32 or buffer.device.type != "cpu":
-        raise TypeError(
-            f"buffer must be an int32 CPU tensor, got {buffer.dtype} on {buffer.device}"
-        )
-    shapes = ((num_rows, max_blocks), (num_rows * max_blocks,))
-    if tuple(buffer.shape) not in shapes:
-        raise ValueError(
-            f"buffer must have shape {shapes[0]} or {shapes[1]}, got {tuple(buffer.shape)}"
-        )
-    if not buffer.is_contiguous():
-        raise ValueError("buffer must be contiguous")
-    check_writable(buffer, "buffer")

@@ -1,5 +1,7 @@
 """Host buffers: persistent tensors allocated once, optionally pinned or in shared memory; the
-checks every writer runs on a buffer it is handed (writable memory, no self-overlap, one owner);
+checks every writer runs on a buffer it is handed (:func:`check_adopted`: type, dtype, shape,
+device, contiguity, writable memory; :func:`claim_buffers`: no overlap within an owner's set and
+one owner per byte in the process; no self-overlap for an ``out``);
 and :class:`DeviceMirror`, a device copy whose copies are fenced before the host writes again."""
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ import math
 import sys
 import threading
 import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
 
 NPU_PACKAGE = "torch_npu"
@@ -223,34 +227,120 @@ def has_self_overlap(array: npt.NDArray[Any]) -> bool:
     return bool(np.any(np.diff(offsets) < array.itemsize))
 
 
-def claim_buffer(owner: object, buffer: torch.Tensor, what: str) -> None:
-    """Register ``buffer``'s bytes as ``owner``'s until ``owner`` is garbage-collected.
+def check_adopted(
+    tensor: object,
+    where: str,
+    *,
+    dtype: torch.dtype | None = None,
+    shapes: Sequence[tuple[int, ...]] = (),
+) -> torch.Tensor:
+    """``tensor`` as a buffer a caller hands in to be written: the one check every owner runs.
 
-    Raises ``ValueError`` when they overlap a buffer another live owner claimed (two
-    :class:`~blockprep.BlockTable` objects over the same memory would each trust a row cache that
-    the other one's writes falsify). A buffer's claim is released when its owner is collected; an
-    owner kept alive only by a reference cycle is collected (``gc.collect()``) before refusing.
+    In order: a ``torch.Tensor`` (``TypeError``); of ``dtype`` (when given) on the CPU
+    (``TypeError``); of one of ``shapes`` (when given, ``ValueError``); contiguous, not
+    requiring grad, over writable memory (:func:`check_writable`), each a ``ValueError``. Every
+    message starts with ``where``. Overlap with the owner's other buffers is
+    :func:`claim_buffers`'s check.
     """
-    nbytes = buffer.numel() * buffer.element_size()
-    if nbytes == 0 or buffer.device.type != "cpu":
+    if not isinstance(tensor, torch.Tensor):
+        raise BlockprepTypeError(f"{where} must be a torch.Tensor, got {type(tensor).__name__}")
+    if dtype is not None and (tensor.dtype != dtype or tensor.device.type != "cpu"):
+        kind = str(dtype).removeprefix("torch.")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise BlockprepTypeError(
+            f"{where} must be {article} {kind} CPU tensor, got {tensor.dtype} on {tensor.device}"
+        )
+    if tensor.device.type != "cpu":
+        raise BlockprepTypeError(f"{where} must be a CPU tensor, got one on {tensor.device}")
+    if shapes and tuple(tensor.shape) not in shapes:
+        wanted = " or ".join(str(shape) for shape in shapes)
+        raise BlockprepValueError(f"{where} must have shape {wanted}, got {tuple(tensor.shape)}")
+    if not tensor.is_contiguous():
+        raise BlockprepValueError(f"{where} must be contiguous")
+    if tensor.requires_grad:
+        raise BlockprepValueError(f"{where} must not require grad")
+    check_writable(tensor, where)  # read-only memory: an error here, not SIGSEGV later
+    return tensor
+
+
+NamedBuffers = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+"""Buffers by the name an error gives them: a mapping, or ``(name, tensor)`` pairs."""
+
+
+def check_disjoint(buffers: NamedBuffers) -> None:
+    """``ValueError`` naming both when two of ``buffers`` share a byte (``seq_lens`` and
+    ``slot_mapping`` given as one tensor, a ``counts`` tensor over a table's last row): one
+    owner's writes to one would overwrite the other. CPU tensors; others are skipped."""
+    spans = sorted(_spans(_named(buffers)))
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise BlockprepValueError(f"{second} overlaps {first}: give each buffer its own memory")
+
+
+def claim_buffers(owner: object, buffers: NamedBuffers, what: str) -> None:
+    """Register ``buffers``' bytes as ``owner``'s until ``owner`` is garbage-collected: one owner
+    per byte across every owner in the process (``BlockTable``, ``GroupedTables``, the
+    preparers).
+
+    Raises ``ValueError`` (nothing claimed) when two of ``buffers`` overlap
+    (:func:`check_disjoint`), or when one overlaps a buffer another live owner claimed: two
+    owners over the same memory would each trust a row cache that the other one's writes
+    falsify. The claims are released when ``owner`` is collected; an owner kept alive only by a
+    reference cycle is collected (``gc.collect()``) before refusing. ``what`` names the owner's
+    kind in the other owner's error. Empty and non-CPU tensors claim nothing.
+    """
+    named = _named(buffers)
+    check_disjoint(named)
+    spans = _spans(named)
+    if not spans:
         return
-    start = buffer.data_ptr()
-    end = start + nbytes
+    keys: list[int] = []
     for attempt in range(2):
         with _LOCK:  # check and claim at once: two threads cannot both claim the same bytes
-            clash = _clash(start, end)
-            if clash is None:
-                key = next(_CLAIM_KEYS)
-                _CLAIMS[key] = (start, end, what)
+            clashes = [(span, other) for span in spans if (other := _clash(*span[:2]))]
+            if not clashes:
+                keys = [next(_CLAIM_KEYS) for _ in spans]
+                for key, (start, end, _) in zip(keys, spans, strict=True):
+                    _CLAIMS[key] = (start, end, what)
                 break
         if attempt == 0:
             gc.collect()  # a dead owner in a reference cycle still holds its claim
     else:
-        raise ValueError(
-            f"buffer overlaps the buffer of another live {clash} "
+        (start, end, where), other = clashes[0]
+        raise BlockprepValueError(
+            f"{where} overlaps the buffer of another live {other} "
             f"(bytes {start:#x}..{end:#x}); give each {what} its own memory"
         )
-    weakref.finalize(owner, _release, key)
+    finalizer = weakref.finalize(owner, _release, keys)
+    with _LOCK:
+        _FINALIZERS.setdefault(owner, []).append(finalizer)
+
+
+def release_buffers(owner: object) -> None:
+    """Release every claim of ``owner`` now (as its collection would): for an owner replaced by
+    a new one over the same buffers (a preparer rebinding its tables). A no-op when it holds
+    none."""
+    with _LOCK:
+        finalizers = _FINALIZERS.pop(owner, [])
+    for finalizer in finalizers:
+        finalizer()
+
+
+def _named(buffers: NamedBuffers) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(buffers, Mapping):
+        return list(buffers.items())
+    return list(buffers)
+
+
+def _spans(buffers: list[tuple[str, torch.Tensor]]) -> list[tuple[int, int, str]]:
+    """``(first byte, end, name)`` of each non-empty CPU buffer (contiguous: checked before)."""
+    spans = []
+    for where, buffer in buffers:
+        nbytes = buffer.numel() * buffer.element_size()
+        if nbytes and buffer.device.type == "cpu":
+            start = buffer.data_ptr()
+            spans.append((start, start + nbytes, where))
+    return spans
 
 
 def _clash(start: int, end: int) -> str | None:
@@ -266,12 +356,17 @@ def _clash(start: int, end: int) -> str | None:
     return None
 
 
-def _release(key: int) -> None:
-    _CLAIMS.pop(key, None)  # atomic; no lock: a finalizer may run inside a locked section
+def _release(keys: list[int]) -> None:
+    for key in keys:
+        _CLAIMS.pop(key, None)  # atomic; no lock: a finalizer may run inside a locked section
 
 
 _CLAIMS: dict[int, tuple[int, int, str]] = {}
 """Claimed buffers: ``key -> (first byte, end, what)``."""
+_FINALIZERS: weakref.WeakKeyDictionary[Any, list[weakref.finalize[Any, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per live owner, the finalizers that release its claims (for :func:`release_buffers`)."""
 _CLAIM_KEYS = itertools.count()
 
 

@@ -31,7 +31,6 @@ then ``pad``.
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 
 from blockprep.block_table import BlockTableStats
-from blockprep.buffers import check_writable, host_tensor
+from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.engine import GroupKernel
 from blockprep.engine.twin import LENGTH, NEW, OPS, PAD_RANGE, PADDING, RANGE, REPEAT, TYPE
 from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
@@ -213,11 +212,11 @@ class GroupedTables:
             checked = [_checked_adopted(groups, num_rows, b, s) for s, b in enumerate(buffers)]
             if len(checked) != slots:
                 raise ValueError(f"buffers must hold {slots} slots, got {len(checked)}")
-            _check_disjoint([({g.name: t[g.name] for g in groups}, c) for t, c in checked])
             adopted = list(checked)
         self._slots = [
             _SlotState(groups, num_rows, share_memory, adopted[s], track_rows) for s in range(slots)
         ]
+        claim_buffers(self, _named_buffers(self._slots), "GroupedTables")  # disjoint, one owner
         self._kernels = [
             GroupKernel(g.kind == "ring", g.width, g.id_limit, g.shortest, g.pad, num_rows, slots)
             for g in groups
@@ -550,33 +549,17 @@ def _checked_adopted(
     wanted_counts = (num_rows, len(groups))
     for name, shape in [*wanted.items(), ("counts", wanted_counts)]:
         tensor = counts if name == "counts" else tables.get(name)
-        where = f"buffers[{slot}][{name!r}]"
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{where} must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.dtype != torch.int32 or tensor.device.type != "cpu":
-            raise TypeError(
-                f"{where} must be an int32 CPU tensor, got {tensor.dtype} on {tensor.device}"
-            )
-        if tuple(tensor.shape) != shape:
-            raise ValueError(f"{where} must have shape {shape}, got {tuple(tensor.shape)}")
-        if not tensor.is_contiguous():
-            raise ValueError(f"{where} must be contiguous")
-        check_writable(tensor, where)  # read-only memory: an error here, not SIGSEGV later
+        check_adopted(tensor, f"buffers[{slot}][{name!r}]", dtype=torch.int32, shapes=(shape,))
     return tables, counts
 
 
-def _check_disjoint(adopted: Sequence[tuple[Mapping[str, torch.Tensor], torch.Tensor]]) -> None:
-    """No two adopted buffers (any slot, any group, the counts) share a byte: one would
-    overwrite the other's rows."""
-    spans = []
-    for slot, (tables, counts) in enumerate(adopted):
-        for name, tensor in [*tables.items(), ("counts", counts)]:
-            start = tensor.data_ptr()
-            spans.append((start, start + tensor.numel() * 4, f"buffers[{slot}][{name!r}]"))
-    spans.sort()
-    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
-        if start < end:
-            raise ValueError(f"{first} and {second} overlap: give each buffer its own memory")
+def _named_buffers(slots: Sequence[_SlotState]) -> list[tuple[str, torch.Tensor]]:
+    """Every slot's tables and counts, by the name an overlap error gives them."""
+    return [
+        (f"buffers[{s}][{name!r}]", tensor)
+        for s, slot in enumerate(slots)
+        for name, tensor in [*slot.tables.items(), ("counts", slot.counts)]
+    ]
 
 
 def _where(place: Callable[[int], str], row: int, group: TableGroup, key: Hashable) -> str:

@@ -3,11 +3,18 @@ fails on 9ea27c1; a refused call leaves the worker's buffers byte-identical."""
 
 from __future__ import annotations
 
+import gc
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
-from blockprep import BlockprepError, DecodeBatch
+from blockprep import BlockprepError, BlockTable, DecodeBatch
 from blockprep.adapters.qwen import QwenDecodePreparer
+from blockprep.buffers import release_buffers
+from blockprep.grouped import GroupedTables, TableGroup
 from blockprep.reference import QwenDecodePrep97
 from blockprep.wire import BlockDeltaEncoder, DeltaCursor, DeltaSequenceError
 
@@ -119,3 +126,152 @@ def test_encoder_refuses_what_is_no_sequence_with_a_type_error(
         encoder.encode(request_ids, block_lists)  # type: ignore[arg-type]
     assert isinstance(info.value, BlockprepError)
     assert encoder.encode(["a"], [[1]])["base"] is None
+
+
+# --- one adopted-buffer check, one owner per byte -----------------------------------------------
+
+RING = TableGroup("swa", "ring", 4, id_limit=100)
+PAGED = TableGroup("pages", "paged", 6, id_limit=100, pad=-1)
+
+
+def grouped_slot(rows: int = 3) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    tables = {g.name: torch.full((rows, g.width), 7, dtype=torch.int32) for g in (RING, PAGED)}
+    return tables, torch.full((rows, 2), 7, dtype=torch.int32)
+
+
+def qwen_buffers(batch: int = 2, max_seq_len: int = 16, page: int = 4) -> dict[str, torch.Tensor]:
+    return {
+        "token_ids": torch.full((batch, 8), 7, dtype=torch.int32),
+        "seq_lens": torch.full((batch,), 7, dtype=torch.int32),
+        "block_table": torch.full((batch * (max_seq_len // page),), 7, dtype=torch.int32),
+        "slot_mapping": torch.full((batch,), 7, dtype=torch.int32),
+    }
+
+
+def test_grouped_issue_example_shared_table_and_counts_over_a_row_are_refused() -> None:
+    """The issue's example (one tensor for two groups), and a counts tensor over a table's last
+    row: refused, naming both buffers, nothing written."""
+    shared = torch.zeros(3, 4, dtype=torch.int32)
+    groups = [TableGroup("x", "ring", 4, id_limit=100), TableGroup("y", "ring", 4, id_limit=100)]
+    with pytest.raises(ValueError, match=r"buffers\[0\]\['y'\] overlaps buffers\[0\]\['x'\]"):
+        GroupedTables(groups, 3, buffers=[({"x": shared, "y": shared}, torch.zeros(3, 2).int())])
+    tables, _ = grouped_slot()
+    counts = tables["pages"].view(-1)[-6:].view(3, 2)  # over the table's last row
+    before = tables["pages"].clone()
+    with pytest.raises(ValueError, match=r"overlaps") as info:
+        GroupedTables([RING, PAGED], 3, buffers=[(tables, counts)])
+    assert isinstance(info.value, BlockprepError)
+    assert torch.equal(tables["pages"], before)
+
+
+@pytest.mark.parametrize("case", ["one tensor", "slots over the table's tail"])
+def test_qwen_adopted_buffers_that_overlap_are_refused(case: str) -> None:
+    """9ea27c1 checked each buffer alone: seq_lens read back as the slots, or the padding
+    replication reset the slots to -1 (K/V written at slot -1)."""
+    buffers = qwen_buffers()
+    if case == "one tensor":
+        buffers["slot_mapping"] = buffers["seq_lens"]
+        words = r"slot_mapping overlaps seq_lens"
+    else:
+        buffers["slot_mapping"] = buffers["block_table"][-2:]
+        words = r"slot_mapping overlaps block_table"
+    before = {name: tensor.clone() for name, tensor in buffers.items()}
+    with pytest.raises(ValueError, match=words) as info:
+        QwenDecodePreparer(2, 16, 4, buffers=buffers)
+    assert isinstance(info.value, BlockprepError)
+    for name, tensor in buffers.items():
+        assert torch.equal(tensor, before[name]), name
+    # Disjoint buffers are adopted, and the first step equals the reference.
+    QwenDecodePreparer(2, 16, 4, buffers=qwen_buffers())
+
+
+def test_one_owner_per_byte_across_owners() -> None:
+    """Two owners over the same memory would each trust a cache the other's writes falsify: the
+    registry covers BlockTable, GroupedTables and the Qwen preparer alike, allocated buffers
+    included; a refused owner claims nothing, a collected one releases its claims."""
+    clash = "overlaps the buffer of another live"
+    grouped = GroupedTables([RING, PAGED], 3)
+    with pytest.raises(ValueError, match=f"^buffer {clash} GroupedTables"):
+        BlockTable(3, PAGED.width, buffer=grouped.tables(0)["pages"])
+    table = BlockTable(3, RING.width, kind="ring")
+    tables, counts = grouped_slot()
+    tables["swa"] = table.tensor
+    with pytest.raises(ValueError, match=rf"^buffers\[0\]\['swa'\] {clash} BlockTable"):
+        GroupedTables([RING, PAGED], 3, buffers=[(tables, counts)])
+    # Refused as a whole: the buffers that did not clash were not left claimed.
+    BlockTable(3, PAGED.width, buffer=tables["pages"])
+    fresh = grouped_slot()
+    first = GroupedTables([RING, PAGED], 3, buffers=[fresh])
+    with pytest.raises(ValueError, match=f"{clash} GroupedTables"):
+        GroupedTables([RING, PAGED], 3, buffers=[fresh])
+    del first
+    gc.collect()
+    GroupedTables([RING, PAGED], 3, buffers=[fresh])  # released with its owner
+    # Qwen: another live preparer's buffers, allocated or adopted. The table is its
+    # BlockTable's, whose check names it "buffer".
+    owner = QwenDecodePreparer(2, 16, 4)
+    for name in ("token_ids", "seq_lens", "slot_mapping", "block_table"):
+        buffers = qwen_buffers()
+        buffers[name] = owner.buffers()[name]
+        words = "buffer {} BlockTable" if name == "block_table" else name + " {} QwenDecodePreparer"
+        with pytest.raises(ValueError, match="^" + words.format(clash)):
+            QwenDecodePreparer(2, 16, 4, buffers=buffers)
+
+
+def test_release_buffers_frees_an_owners_claims_now() -> None:
+    tables = grouped_slot()
+    grouped = GroupedTables([RING, PAGED], 3, buffers=[tables])
+    with pytest.raises(ValueError, match="another live GroupedTables"):
+        BlockTable(3, PAGED.width, buffer=tables[0]["pages"])
+    release_buffers(grouped)
+    release_buffers(grouped)  # a no-op the second time
+    BlockTable(3, PAGED.width, buffer=tables[0]["pages"])
+
+
+READ_ONLY_ADOPTED = textwrap.dedent(
+    """
+    import mmap, tempfile, warnings
+    import numpy as np, torch
+    from blockprep.adapters.qwen import QwenDecodePreparer
+    from blockprep.grouped import GroupedTables, TableGroup
+    warnings.simplefilter("ignore")
+    f = tempfile.TemporaryFile()
+    f.write(bytes(1 << 16))
+    f.flush()
+    memory = mmap.mmap(f.fileno(), 1 << 16, access=mmap.ACCESS_READ)
+    ro = torch.from_numpy(np.frombuffer(memory, dtype=np.int32))
+    groups = [TableGroup("x", "ring", 4, id_limit=100)]
+
+    def grouped():
+        g = GroupedTables(groups, 3, buffers=[({"x": ro[:12].view(3, 4)}, torch.zeros(3, 1,
+            dtype=torch.int32))])
+        g.commit(g.plan([[[1, 2]], [[3]], [[4]]], ["a", "b", "c"]), 0)
+
+    def qwen():
+        buffers = {"seq_lens": torch.zeros(2, dtype=torch.int32), "slot_mapping": ro[:2]}
+        QwenDecodePreparer(2, 16, 4, buffers=buffers)
+
+    for name, case in {"grouped": grouped, "qwen": qwen}.items():
+        try:
+            case()
+        except ValueError as error:
+            print(name, "->", error, flush=True)
+        else:
+            print(name, "-> accepted", flush=True)
+    print("alive")
+    """
+)
+
+
+def test_adopted_read_only_memory_is_a_clean_error_in_every_owner() -> None:
+    """In a subprocess: on 9ea27c1 the grouped case is a SIGSEGV at the first commit."""
+    done = subprocess.run(
+        [sys.executable, "-c", READ_ONLY_ADOPTED], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "alive"
+    assert dict(line.split(" -> ", 1) for line in lines[:-1]) == {
+        "grouped": "buffers[0]['x'] is read-only memory",
+        "qwen": "slot_mapping is read-only memory",
+    }

@@ -33,7 +33,9 @@ from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
 from blockprep.buffers import (
     DeviceMirror,
-    check_writable,
+    check_adopted,
+    check_disjoint,
+    claim_buffers,
     host_tensor,
     torch_device,
     wait_host_free,
@@ -158,14 +160,6 @@ class QwenDecodePreparer:
             share_memory = device.type == "cpu"
         # Device mirrors copy with non_blocking=True, which needs page-locked host memory.
         pin = device.type != "cpu" and not share_memory
-        self._tokens = PaddedTokenBuffer(
-            batch,
-            sampled_ids_pad,
-            buffer=adopted.get("token_ids"),
-            pin_memory=pin and "token_ids" not in adopted,
-            share_memory=share_memory and "token_ids" not in adopted,
-        )
-        self.token_width = int(self._tokens.tensor.shape[1])
 
         def buffer(name: str, size: int, fill: int) -> torch.Tensor:
             if name in adopted:
@@ -179,6 +173,21 @@ class QwenDecodePreparer:
         flat_table = buffer("block_table", batch * self.max_blocks, -1)
         self._table = BlockTable(batch, self.max_blocks, kind="paged", pad=-1, buffer=flat_table)
         self._table_host = flat_table
+        # One owner per byte (the table is its BlockTable's), claimed before anything is written.
+        owned = [("seq_lens", self._seq_lens), ("slot_mapping", self._slots)]
+        if "token_ids" in adopted:
+            owned.append(("token_ids", adopted["token_ids"]))
+        claim_buffers(self, owned, "QwenDecodePreparer")
+        self._tokens = PaddedTokenBuffer(
+            batch,
+            sampled_ids_pad,
+            buffer=adopted.get("token_ids"),
+            pin_memory=pin and "token_ids" not in adopted,
+            share_memory=share_memory and "token_ids" not in adopted,
+        )
+        if "token_ids" not in adopted:
+            claim_buffers(self, [("token_ids", self._tokens.tensor)], "QwenDecodePreparer")
+        self.token_width = int(self._tokens.tensor.shape[1])
         self._mirrors = {
             name: DeviceMirror(host, device)
             for name, host in (
@@ -647,7 +656,8 @@ def _adopted(
     device: torch.device,
 ) -> dict[str, torch.Tensor]:
     """``buffers`` checked against the recorded ABI (upstream's argument names, int32, shapes),
-    contiguous, on the CPU and writable; nothing is adopted unless every one passes."""
+    contiguous, on the CPU, writable and disjoint (:func:`~blockprep.buffers.check_adopted`,
+    :func:`~blockprep.buffers.check_disjoint`); nothing is adopted unless every one passes."""
     if not buffers:
         return {}
     if device.type != "cpu":
@@ -668,12 +678,8 @@ def _adopted(
             continue
         tensor = buffers[name]
         specs[name].check(tensor)
-        if tensor.device.type != "cpu":
-            raise TypeError(f"{name} must be a CPU tensor, got one on {tensor.device}")
-        if not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-        check_writable(tensor, name)
-        adopted[name] = tensor
+        adopted[name] = check_adopted(tensor, name)
+    check_disjoint(adopted)  # seq_lens and slot_mapping as one tensor, a slot_mapping in the table
     return adopted
 
 

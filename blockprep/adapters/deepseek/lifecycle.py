@@ -19,7 +19,6 @@ Contract (the threading rules of :class:`~blockprep.adapters.deepseek.DeepSeekV4
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -38,7 +37,7 @@ from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.adapters.deepseek.rows import Mode
 from blockprep.adapters.kernel_abi import ArgSpec
 from blockprep.batch import DecodeBatch
-from blockprep.buffers import check_writable, host_tensor
+from blockprep.buffers import check_adopted, check_disjoint, host_tensor
 from blockprep.ids import as_int
 
 REQUEST_ORDER_MESSAGE = "prepared decode request order changed before execution"
@@ -221,7 +220,7 @@ def adopted(
     if len(buffers) != slots:
         raise ValueError(f"buffers must hold {slots} buffer slots, got {len(buffers)}")
     adopted = []
-    spans: list[tuple[int, int, str]] = []
+    named: list[tuple[str, torch.Tensor]] = []
     for s, given in enumerate(buffers):
         if not isinstance(given, Mapping):
             raise TypeError(f"buffers[{s}] must map kernel argument names to tensors")
@@ -232,19 +231,8 @@ def adopted(
         for name in PREPARED_ARGUMENTS:
             tensor, where = given[name], f"buffers[{s}][{name!r}]"
             specs[name].check(tensor, where)  # a tensor of the recorded dtype and shape
-            if tensor.device.type != "cpu":
-                raise ValueError(f"{where} must be a CPU tensor, got one on {tensor.device}")
-            if not tensor.is_contiguous():
-                raise ValueError(f"{where} must be contiguous")
-            if tensor.requires_grad:
-                raise ValueError(f"{where} must not require grad")
-            check_writable(tensor, where)
-            start = tensor.data_ptr()
-            spans.append((start, start + tensor.numel() * tensor.element_size(), where))
-            slot[name] = tensor
+            slot[name] = check_adopted(tensor, where)  # CPU, contiguous, no grad, writable
+            named.append((where, tensor))
         adopted.append(slot)
-    spans.sort()
-    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
-        if start < end:
-            raise ValueError(f"{second} overlaps {first}: every buffer needs its own memory")
+    check_disjoint(named)
     return adopted

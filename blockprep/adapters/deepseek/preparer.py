@@ -64,6 +64,7 @@ from blockprep.adapters.deepseek.tables import Scratch, bind_tables, plan_deltas
 from blockprep.adapters.deepseek.verify import check_contract, verify_lists, verify_slot
 from blockprep.batch import DecodeBatch, as_decode_batch
 from blockprep.block_table import BlockTableStats
+from blockprep.buffers import release_buffers
 from blockprep.grouped import GroupedTables
 from blockprep.ids import as_int
 from blockprep.wire import DeltaCursor
@@ -223,6 +224,8 @@ class DeepSeekV4DecodePreparer:
             self._bind(self.layout.with_num_blocks(num_blocks))
 
     def _bind(self, layout: DeepSeekV4Layout) -> None:
+        if self._tables is not None:  # the new tables own the same buffers
+            release_buffers(self._tables)
         self._tables, self._scratch = bind_tables(layout, self._slots, self._track)
         self.layout = layout
         self._assignment = None
