@@ -1255,4 +1255,3 @@ def _listed_hit(ids: object, cached: Any) -> bool:
         return bool(ids == cached)
     except (TypeError, ValueError):
         return False
-
