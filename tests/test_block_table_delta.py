@@ -53,6 +53,19 @@ def ring_cells(width: int, n: int, slots: list[int]) -> int:
     return sum((width - 1 - p) // n + 1 for p in slots)
 
 
+def written_cells(kind: str, width: int, old: list[int], new: list[int]) -> int:
+    """The cells a change of a row from ``old`` to ``new`` ids writes, by the documented rule:
+    the positions that differ (a ring slot its strided columns), at most four of them; else a
+    paged range of them, or the whole ring row (so is a ring row whose length changes)."""
+    if kind == "ring" and len(old) != len(new):
+        return width
+    short = min(len(old), len(new))
+    differ = [p for p in range(max(len(old), len(new))) if p >= short or old[p] != new[p]]
+    if kind == "ring":
+        return ring_cells(width, len(new), differ) if len(differ) <= 4 else width
+    return len(differ) if len(differ) <= 4 else differ[-1] + 1 - differ[0]
+
+
 # --- append ----------------------------------------------------------------------------------
 
 
@@ -336,8 +349,9 @@ def test_apply_deltas_ring() -> None:
     assert cells == ring_cells(width, 3, [0]) + 3 * width
     assert table.lengths.tolist() == [3, 3, 3, 2]
     assert table.write_rows(expected) == 0
-    # truncate and append back to the same length: still a new content, re-tiled
-    assert table.apply_deltas(truncate={1: 2}, append={1: [60]}) == width
+    # truncate and append back to the same length: only the changed slot is written
+    assert table.apply_deltas(truncate={1: 2}, append={1: [60]}) == ring_cells(width, 3, [2])
+    assert table.apply_deltas(truncate={1: 2}, append={1: [60]}) == 0  # the same ids: a hit
     assert table.numpy()[1].tolist() == ([4, 5, 60] * 4)[:width]
 
 
@@ -460,18 +474,9 @@ class DeltaMachine(RuleBasedStateMachine):
         for p, v in zip(positions, values, strict=True):
             new[p] = v
         new += appended
-        if new == old and n == len(old):
+        if new == old:
             return None
-        width = self.max_blocks
-        if self.kind == "paged":
-            changed = sum(old[p] != v for p, v in zip(positions, values, strict=True))
-            cells = changed + len(appended) + max(len(old) - len(new), 0)
-        elif n != len(old) or appended:
-            cells = width
-        else:
-            cells = ring_cells(
-                width, n, [p for p, v in zip(positions, values, strict=True) if old[p] != v]
-            )
+        cells = written_cells(self.kind, self.max_blocks, old, new)
         self.set_row(row, new)
         return cells
 
