@@ -184,7 +184,9 @@ class BlockTable:
         self._stay = list(range(num_rows))  # every row's ids come from the row itself
         self._counts = np.zeros((num_rows, 1), dtype=np.int32)  # the kernel writes the lengths
         self._lengths: npt.NDArray[np.int32] = self._counts[:, 0]
-        self._empty: Any = self._kernel.stage([], [], self._stay, _convert)[0]  # no change
+        empty, _ = self._kernel.stage([], [], self._stay, _convert)
+        assert empty is not None
+        self._empty = empty  # a plan of no change
         self._kernel.forget(-1)  # an adopted buffer: rows unknown, cells left as they are
         if buffer is None:  # every row cleared: rendered once more (the fill wrote pad already)
             self._kernel.clear(-1)
