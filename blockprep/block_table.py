@@ -575,7 +575,7 @@ class BlockTable:
         kernel, stay = self._kernel, self._stay
         held = [(dst, src) for dst, src in zip(dsts, srcs, strict=True) if kernel.length(src) > 0]
         cleared = [dst for dst, src in zip(dsts, srcs, strict=True) if kernel.length(src) == 0]
-        plan = self._empty
+        plan: Any = self._empty
         if held:
             for dst, src in held:
                 stay[dst] = src
