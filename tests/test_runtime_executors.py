@@ -606,8 +606,10 @@ def test_deepseek_submit_prepared_needs_an_early_prepare() -> None:
         executor.submit_prepared(batch, 0)
     slot = executor.prepare_early(batch, buffer_slot=0)
     other = scheduler.step()
-    other.request_ids = list(reversed(other.request_ids))  # not the requests prepared there
-    if len(other.request_ids) > 1:
-        with pytest.raises(ValueError):
-            executor.submit_prepared(other, slot)
-        assert executor.busy_slots() == frozenset() and worker.calls == []
+    other.request_ids = [f"not {r}" for r in other.request_ids]  # not the requests prepared there
+    with pytest.raises(ValueError, match="request order changed"):
+        executor.submit_prepared(other, slot)
+    # The slot stays prepared (submit it again, or cancel it), nothing dispatched.
+    assert executor.busy_slots() == {slot} and worker.calls == []
+    executor.cancel(slot)
+    assert executor.busy_slots() == frozenset()

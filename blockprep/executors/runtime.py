@@ -23,6 +23,7 @@ contiguous, in shared memory (:class:`PreparedArgumentError` otherwise; nothing 
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,12 @@ from blockprep.adapters.qwen_abi import (
     qwen3_prepared_arguments,
 )
 from blockprep.batch import DecodeBatch, DecodeResult
+from blockprep.errors import (
+    BlockprepIndexError,
+    BlockprepRuntimeError,
+    BlockprepTypeError,
+    BlockprepValueError,
+)
 from blockprep.ids import as_int
 
 __all__ = [
@@ -140,11 +147,16 @@ def _overrides(
 ) -> Mapping[str, object]:
     """The engine's arguments with this step's replacements (device scratch under device
     sampling, as upstream's ``_decode_kernel_args`` splices them); only the engine's names."""
-    if not arguments:
+    if arguments is None:
         return engine
+    _check_mapping(arguments, "arguments")
     foreign = [name for name in arguments if name not in engine]
     if foreign:
-        raise ValueError(f"{kernel}: a step may replace only the engine's arguments, not {foreign}")
+        raise BlockprepValueError(
+            f"{kernel}: a step may replace only the engine's arguments, not {foreign}"
+        )
+    if not arguments:
+        return engine
     return {**engine, **arguments}
 
 
@@ -173,8 +185,10 @@ class Qwen3RuntimeExecutor:
             ``model.config.vocab_size``); ``None``: every column.
 
     Raises:
+        TypeError: ``preparer`` no ``QwenDecodePreparer``, ``engine_arguments`` no mapping.
         KernelArgumentError: ``engine_arguments`` does not name exactly the engine's arguments.
-        ValueError: a preparer leaving rows past the batch untouched.
+        ValueError: a preparer leaving rows past the batch untouched; ``vocab_size`` not
+            positive, or above the columns of the engine's ``logits``.
     """
 
     def __init__(
@@ -186,12 +200,17 @@ class Qwen3RuntimeExecutor:
         *,
         vocab_size: int | None = None,
     ) -> None:
+        if not isinstance(preparer, QwenDecodePreparer):
+            raise BlockprepTypeError(
+                f"preparer must be a QwenDecodePreparer, got {type(preparer).__name__}"
+            )
         if preparer.padding != "replicate":
-            raise ValueError(
+            raise BlockprepValueError(
                 "qwen3_decode_host at 9b1a264 computes every row of the compiled batch: rows past "
                 "the active batch must replicate row 0 (padding='replicate'); the dynamic-batch "
                 "kernel's prefix views are not this ABI"
             )
+        _check_mapping(engine_arguments, "engine_arguments")
         self.worker = worker
         self.compiled = compiled
         self.preparer = preparer
@@ -199,6 +218,14 @@ class Qwen3RuntimeExecutor:
             QWEN3_DECODE_KERNEL, QWEN3_DECODE_ARGUMENTS, QWEN3_PREPARED_ARGUMENTS, engine_arguments
         )
         self.vocab_size = None if vocab_size is None else as_int(vocab_size, "vocab_size")
+        if self.vocab_size is not None:
+            logits = self.engine_arguments["logits"]
+            width = logits.shape[-1] if isinstance(logits, torch.Tensor) else None
+            if self.vocab_size <= 0 or (width is not None and self.vocab_size > width):
+                raise BlockprepValueError(
+                    f"vocab_size must be in [1, {width if width is not None else 'logits width'}]"
+                    f" (the engine's logits columns), got {self.vocab_size}"
+                )
         self.specs = qwen3_prepared_arguments(
             preparer.max_batch_size,
             preparer.max_seq_len,
@@ -210,11 +237,19 @@ class Qwen3RuntimeExecutor:
         self, batch: DecodeBatch, *, arguments: Mapping[str, object] | None = None
     ) -> tuple[int, tuple[object, ...]]:
         """Prepare ``batch`` and return ``(active rows, the checked positional tuple)`` without
-        dispatching (``arguments``: this step's replacements of engine arguments)."""
+        dispatching (``arguments``: this step's replacements of engine arguments, checked
+        before anything is prepared: a refused step leaves the preparer and its delta cursor
+        as they were)."""
+        engine = _overrides(QWEN3_DECODE_KERNEL, self.engine_arguments, arguments)
+        logits = engine["logits"]
+        if isinstance(logits, torch.Tensor) and (self.vocab_size or 0) > logits.shape[-1]:
+            raise BlockprepValueError(
+                f"the step's logits have {logits.shape[-1]} columns, fewer than vocab_size "
+                f"{self.vocab_size}"
+            )
         inputs = self.preparer.prepare(batch)
         prepared = qwen3_argument_values(inputs)
         check_prepared_arguments(QWEN3_DECODE_KERNEL, self.specs, prepared)
-        engine = _overrides(QWEN3_DECODE_KERNEL, self.engine_arguments, arguments)
         order = QWEN3_DECODE_ARGUMENTS
         return inputs.actual_batch, build_arguments(QWEN3_DECODE_KERNEL, order, prepared, engine)
 
@@ -254,16 +289,33 @@ class Qwen3RuntimeExecutor:
 @dataclass(frozen=True)
 class DeepSeekV4PendingDecode:
     """A submitted DeepSeek step: its handle, the prepared inputs (slot, ranks, local rows), the
-    positional arguments dispatched, and whether the batch asked for device greedy sampling."""
+    positional arguments dispatched, whether the batch asked for device greedy sampling, and
+    ``dispatch``, the id (unique in the process) that :meth:`DeepSeekV4RuntimeExecutor.reclaim`
+    checks against its slot's current dispatch."""
 
     handle: DispatchHandle
     inputs: DeepSeekV4DecodeInputs
     arguments: tuple[object, ...]
     greedy: bool
+    dispatch: int = -1
 
     @property
     def buffer_slot(self) -> int:
         return self.inputs.buffer_slot
+
+
+PREPARING, PREPARED, DISPATCHING, IN_FLIGHT, RECLAIMING = (
+    "preparing",
+    "prepared",
+    "dispatching",
+    "in flight",
+    "reclaiming",
+)
+"""A claimed slot's stages (a free slot has none): ``submit`` and ``prepare_early`` hold it
+``preparing``; ``prepare_early`` leaves it ``prepared``; ``submit_prepared`` holds it
+``dispatching``; a dispatch leaves it ``in flight``; ``reclaim`` holds it ``reclaiming``."""
+
+_DISPATCH_IDS = itertools.count()  # next() is atomic: ids unique across executors and threads
 
 
 class DeepSeekV4RuntimeExecutor:
@@ -280,12 +332,22 @@ class DeepSeekV4RuntimeExecutor:
             ``logits``, ``sampled_ids``: the slot's own outputs, as upstream's per-slot
             ``TaskArgs``).
 
-    The slot contract: :meth:`submit` refuses a slot whose last dispatch has not been reclaimed
-    (a :class:`RuntimeError`, before anything is written), and :meth:`reclaim` releases the slot
-    only after ``handle.wait()`` returned and the outputs were read. So the preparer never writes
-    a slot the kernel may still read, as long as every write goes through this executor (a
-    caller preparing the preparer's slots directly bypasses the contract). ``submit`` and
-    ``reclaim`` may run on different threads (upstream's command and device lanes).
+    The slot life cycle (every transition under one lock; a call that raises leaves the slot
+    as it was)::
+
+        free --submit--------------------------------> in flight --reclaim--> free
+        free --prepare_early--> prepared --submit_prepared--> in flight
+                                prepared --cancel--> free
+
+    :meth:`submit` and :meth:`prepare_early` take only a free slot; :meth:`submit_prepared` only
+    a slot :meth:`prepare_early` claimed and nothing dispatched since; :meth:`reclaim` only the
+    pending decode of its slot's current dispatch, once (every dispatch carries an id; another
+    executor's pending decode, or one already reclaimed, is refused); :meth:`cancel` releases a
+    prepared slot the engine drops. Refusals are :class:`~blockprep.BlockprepRuntimeError`
+    (a ``RuntimeError``) and write nothing. So the preparer never writes a slot the kernel may
+    still read, as long as every write goes through this executor (a caller preparing the
+    preparer's slots directly bypasses the contract). The calls may run on different threads
+    (upstream's command and device lanes).
     """
 
     def __init__(
@@ -295,13 +357,26 @@ class DeepSeekV4RuntimeExecutor:
         preparer: DeepSeekV4DecodePreparer,
         engine_arguments: Sequence[Mapping[str, object]],
     ) -> None:
+        if not isinstance(preparer, DeepSeekV4DecodePreparer):
+            raise BlockprepTypeError(
+                f"preparer must be a DeepSeekV4DecodePreparer, got {type(preparer).__name__}"
+            )
         if preparer.embedding != "device":
-            raise ValueError('l3_decode_fwd embeds input_ids on the device: use embedding="device"')
+            raise BlockprepValueError(
+                'l3_decode_fwd embeds input_ids on the device: use embedding="device"'
+            )
+        if isinstance(engine_arguments, Mapping) or not isinstance(engine_arguments, Sequence):
+            raise BlockprepTypeError(
+                "engine_arguments must be a sequence of mappings, one per buffer slot, got "
+                f"{type(engine_arguments).__name__}"
+            )
         if len(engine_arguments) != preparer.buffer_slots:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"engine_arguments must hold one mapping per buffer slot "
                 f"({preparer.buffer_slots}), got {len(engine_arguments)}"
             )
+        for slot, values in enumerate(engine_arguments):
+            _check_mapping(values, f"engine_arguments[{slot}]")
         self.worker = worker
         self.compiled = compiled
         self.preparer = preparer
@@ -313,13 +388,20 @@ class DeepSeekV4RuntimeExecutor:
         ]
         self.specs = deepseek_v4_prepared_arguments(preparer.layout)
         self._lock = threading.Lock()
-        self._busy: set[int] = set()
+        self._stage: dict[int, str] = {}  # claimed slots: their stage
+        self._dispatch_of: dict[int, int] = {}  # in-flight slots: their dispatch id
         self._steps = 0
 
     def busy_slots(self) -> frozenset[int]:
-        """The slots dispatched and not yet reclaimed."""
+        """The claimed slots: being prepared, prepared early, dispatched and not reclaimed."""
         with self._lock:
-            return frozenset(self._busy)
+            return frozenset(self._stage)
+
+    def slot_stage(self, buffer_slot: int) -> str | None:
+        """``buffer_slot``'s stage (``"prepared"``, ``"in flight"``, ...; ``None``: free)."""
+        slot = self._slot(buffer_slot)
+        with self._lock:
+            return self._stage.get(slot)
 
     def submit(
         self, batch: DecodeBatch, *, buffer_slot: int | None = None
@@ -328,10 +410,11 @@ class DeepSeekV4RuntimeExecutor:
         count), check the prepared arguments, and ``worker.submit`` the kernel.
 
         Raises:
-            RuntimeError: the slot's last dispatch has not been reclaimed (nothing written).
+            RuntimeError: the slot is not free (nothing written).
             PreparedArgumentError: a prepared buffer the runtime cannot read (not dispatched;
-                the slot is free again).
-            ValueError, TypeError: the preparer's (nothing written, the slot free again).
+                the slot free again).
+            ValueError, TypeError, IndexError: the preparer's, or a slot out of range (nothing
+                written, the slot free again).
         """
         slot = self._claim(buffer_slot)
         try:
@@ -344,9 +427,9 @@ class DeepSeekV4RuntimeExecutor:
     def prepare_early(self, batch: DecodeBatch, *, buffer_slot: int | None = None) -> int:
         """Upstream's command lane: claim ``buffer_slot`` and prepare ``batch`` into it early
         (tables, KV lengths, placeholder tokens; ``DeepSeekV4DecodePreparer.prepare(...,
-        early=True)``); return the slot. :meth:`submit_prepared` re-stages and dispatches it
-        later, on the device lane, while this lane may prepare the other slot. The slot stays
-        claimed until its dispatch is reclaimed.
+        early=True)``); return the slot, now ``"prepared"``. :meth:`submit_prepared` re-stages
+        and dispatches it later, on the device lane, while this lane may prepare the other
+        slot; :meth:`cancel` releases it when the engine drops the step.
 
         Raises: as :meth:`submit` (the slot free again on an error).
         """
@@ -356,6 +439,7 @@ class DeepSeekV4RuntimeExecutor:
         except BaseException:
             self._release(slot)
             raise
+        self._move(slot, PREPARING, PREPARED)
         return slot
 
     def submit_prepared(self, batch: DecodeBatch, buffer_slot: int) -> DeepSeekV4PendingDecode:
@@ -364,57 +448,106 @@ class DeepSeekV4RuntimeExecutor:
         prepared arguments and ``worker.submit`` the kernel.
 
         Raises:
-            RuntimeError: the slot was not claimed by :meth:`prepare_early`.
+            RuntimeError: the slot is not ``"prepared"``: not claimed by :meth:`prepare_early`,
+                dispatched already, or being dispatched by another thread (nothing written).
             ValueError, TypeError: the preparer's re-stage errors; PreparedArgumentError. On
-                any error the slot is released (prepare it again).
+                any error the slot stays ``"prepared"`` (submit again, or :meth:`cancel`).
         """
-        slot = as_int(buffer_slot, "buffer_slot")
+        slot = self._slot(buffer_slot)
         with self._lock:
-            if slot not in self._busy:
-                raise RuntimeError(f"buffer slot {slot} was not prepared by prepare_early")
+            stage = self._stage.get(slot)
+            if stage != PREPARED:
+                raise BlockprepRuntimeError(
+                    f"buffer slot {slot} was not prepared by prepare_early"
+                    + ("" if stage is None else f": it is {stage}")
+                    + " (submit_prepared dispatches a slot prepare_early prepared, once)"
+                )
+            self._stage[slot] = DISPATCHING
         try:
             inputs = self.preparer.restage(batch, buffer_slot=slot)
             return self._dispatch(batch, inputs)
         except BaseException:
-            self._release(slot)
+            self._move(slot, DISPATCHING, PREPARED)
             raise
+
+    def cancel(self, buffer_slot: int) -> None:
+        """Release a slot :meth:`prepare_early` claimed whose step the engine drops (nothing
+        dispatched); its next :meth:`submit` or :meth:`prepare_early` prepares it anew.
+
+        Raises:
+            RuntimeError: the slot is not ``"prepared"`` (free, being prepared, or dispatched:
+                an in-flight slot is released by :meth:`reclaim` only); nothing changes.
+        """
+        slot = self._slot(buffer_slot)
+        with self._lock:
+            stage = self._stage.get(slot)
+            if stage != PREPARED:
+                raise BlockprepRuntimeError(
+                    f"cannot cancel buffer slot {slot}: it is {stage or 'free'}; cancel releases "
+                    "a slot prepare_early prepared and nothing dispatched"
+                )
+            del self._stage[slot]
+        log.slot_released(slot, "DeepSeekV4RuntimeExecutor")
+
+    def _slot(self, buffer_slot: object) -> int:
+        """``buffer_slot`` as a slot number of the preparer (``IndexError`` outside)."""
+        slot = as_int(buffer_slot, "buffer_slot")
+        if not 0 <= slot < self.preparer.buffer_slots:
+            raise BlockprepIndexError(
+                f"buffer_slot {slot} is out of range for {self.preparer.buffer_slots} slots"
+            )
+        return slot
 
     def _claim(self, buffer_slot: int | None) -> int:
         """Take a free slot (``None``: the steps so far modulo the slot count)."""
         with self._lock:
             slot = self._steps % self.preparer.buffer_slots if buffer_slot is None else buffer_slot
-            slot = as_int(slot, "buffer_slot")
-            if slot in self._busy:
-                raise RuntimeError(
-                    f"buffer slot {slot} is still in flight: reclaim its dispatch before "
-                    "preparing the slot again (the kernel may still read its buffers)"
+        slot = self._slot(slot)
+        with self._lock:
+            stage = self._stage.get(slot)
+            if stage is not None:
+                raise BlockprepRuntimeError(
+                    f"buffer slot {slot} is still in flight ({stage}): reclaim its dispatch (or "
+                    "cancel its early prepare) before preparing the slot again (the kernel may "
+                    "still read its buffers)"
                 )
-            self._busy.add(slot)  # claimed before writing: another thread cannot take it
+            self._stage[slot] = PREPARING  # claimed before writing: another thread cannot take it
         log.slot_claimed(slot, "DeepSeekV4RuntimeExecutor")
         return slot
 
+    def _move(self, slot: int, stage: str, to: str) -> None:
+        with self._lock:
+            assert self._stage.get(slot) == stage, (slot, self._stage.get(slot), stage)
+            self._stage[slot] = to
+
     def _release(self, slot: int) -> None:
         with self._lock:
-            self._busy.discard(slot)
+            self._stage.pop(slot, None)
+            self._dispatch_of.pop(slot, None)
         log.slot_released(slot, "DeepSeekV4RuntimeExecutor")
 
     def _dispatch(
         self, batch: DecodeBatch, inputs: DeepSeekV4DecodeInputs
     ) -> DeepSeekV4PendingDecode:
-        """Check the slot's prepared arguments and submit the kernel on them."""
+        """Check the slot's prepared arguments and submit the kernel on them; the slot is then
+        in flight under a new dispatch id."""
         prepared = deepseek_v4_argument_values(inputs)
         check_prepared_arguments(DEEPSEEK_V4_DECODE_KERNEL, self.specs, prepared)
+        slot = inputs.buffer_slot
         args = build_arguments(
             DEEPSEEK_V4_DECODE_KERNEL,
             DEEPSEEK_V4_DECODE_ARGUMENTS,
             prepared,
-            self.engine_arguments[inputs.buffer_slot],
+            self.engine_arguments[slot],
         )
+        greedy = bool(getattr(batch, "allow_device_greedy_sampling", False))
         handle = self.worker.submit(self.compiled, *args)
+        dispatch = next(_DISPATCH_IDS)
         with self._lock:
             self._steps += 1
-        greedy = bool(getattr(batch, "allow_device_greedy_sampling", False))
-        return DeepSeekV4PendingDecode(handle, inputs, args, greedy)
+            self._stage[slot] = IN_FLIGHT
+            self._dispatch_of[slot] = dispatch
+        return DeepSeekV4PendingDecode(handle, inputs, args, greedy, dispatch)
 
     def reclaim(self, pending: DeepSeekV4PendingDecode) -> DecodeResult:
         """Wait for the dispatch, read its outputs in batch order, release its slot.
@@ -425,8 +558,31 @@ class DeepSeekV4RuntimeExecutor:
         from ``sampled_ids`` the same way, when the batch allowed device greedy sampling.
         Copies: the slot's buffers are rewritten once it is released. The slot is released even
         when ``wait()`` raises (the dispatch is over either way); the error propagates.
+
+        Raises:
+            TypeError: ``pending`` is no :class:`DeepSeekV4PendingDecode`.
+            RuntimeError: ``pending`` is not its slot's current dispatch on this executor
+                (reclaimed already, another executor's, or its slot re-dispatched since):
+                nothing waited for, the slot left as it was.
         """
+        if not isinstance(pending, DeepSeekV4PendingDecode):
+            raise BlockprepTypeError(
+                f"reclaim takes the DeepSeekV4PendingDecode that submit returned, got "
+                f"{type(pending).__name__}"
+            )
         inputs = pending.inputs
+        slot = inputs.buffer_slot
+        with self._lock:
+            if self._stage.get(slot) != IN_FLIGHT or self._dispatch_of.get(slot) != (
+                pending.dispatch
+            ):
+                raise BlockprepRuntimeError(
+                    f"dispatch {pending.dispatch} of buffer slot {slot} is not in flight on this "
+                    "executor (reclaimed already, another executor's, or the slot dispatched "
+                    "again since): reclaim each pending decode once, on the executor that "
+                    "submitted it"
+                )
+            self._stage[slot] = RECLAIMING
         try:
             pending.handle.wait()
             values = dict(zip(DEEPSEEK_V4_DECODE_ARGUMENTS, pending.arguments, strict=True))
@@ -437,12 +593,19 @@ class DeepSeekV4RuntimeExecutor:
                 else None
             )
         finally:
-            self._release(inputs.buffer_slot)
+            self._release(slot)
         return DecodeResult(hidden_states=None, logits=logits, sampled_token_ids=sampled)
 
     def run_decode(self, batch: DecodeBatch, *, buffer_slot: int | None = None) -> DecodeResult:
         """:meth:`submit` then :meth:`reclaim`: one synchronous step."""
         return self.reclaim(self.submit(batch, buffer_slot=buffer_slot))
+
+
+def _check_mapping(values: object, what: str) -> None:
+    if not isinstance(values, Mapping):
+        raise BlockprepTypeError(
+            f"{what} must map upstream's argument names to values, got {type(values).__name__}"
+        )
 
 
 def _batch_rows(inputs: DeepSeekV4DecodeInputs, buffer: object, name: str) -> torch.Tensor:
