@@ -2,27 +2,33 @@
 
 Prints a header line (the measuring conditions), a table, the workloads' conditions and any
 reliability warnings on stdout (progress on stderr); ``--json`` and ``--plot`` save the results.
+Their files are opened (and a device probed) before anything runs, so a path that cannot take the
+results fails at once, not after the run.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import os
+import stat
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
 from blockprep.bench.report import (
     footer,
     header,
+    json_text,
     legend,
     load_average,
     table,
     warnings,
-    write_json,
     write_plot,
 )
 from blockprep.bench.runner import (
@@ -63,6 +69,54 @@ def _output_path(text: str) -> Path:
     if not os.access(path if path.exists() else parent, os.W_OK):
         raise argparse.ArgumentTypeError(f"{text}: not writable")
     return path
+
+
+def _plot_path(text: str) -> Path:
+    """An argparse type: :func:`_output_path` ending in ``.png`` (the plot is a PNG)."""
+    path = _output_path(text)
+    if path.suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"{text}: the plot is a PNG; give a path ending in .png")
+    return path
+
+
+DEFAULT_PLOT = Path(tempfile.gettempdir()) / "blockprep-bench.png"
+"""Where ``--plot`` without a path draws: outside any checkout (never the tracked
+``docs/benchmarks.png``)."""
+
+
+class _Output:
+    """An output file, opened before the run: created if missing (and removed again if the run
+    fails), an existing one kept until :meth:`write` replaces its content; a device or pipe is
+    probed with one newline byte (``/dev/full`` fails here, not after the run)."""
+
+    def __init__(self, path: Path, *, probe: bool) -> None:
+        self.path = path
+        self._created = not path.exists()
+        self._file: BinaryIO = open(path, "ab")  # noqa: SIM115 (held open for the run)
+        self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
+        if probe and not self._regular:
+            try:
+                self._file.write(b"\n")  # leading whitespace: still valid JSON
+                self._file.flush()
+            except OSError:
+                self._file.close()
+                raise
+
+    def write(self, data: bytes) -> None:
+        """Replace the file's content with ``data`` and close it."""
+        self._created = False  # written: kept
+        with self._file:
+            if self._regular:
+                self._file.seek(0)
+                self._file.truncate()
+            self._file.write(data)
+
+    def discard(self) -> None:
+        """Close (if still open); a file created for this run and not written is removed."""
+        self._file.close()
+        if self._created and self._regular:
+            self.path.unlink(missing_ok=True)
+            self._created = False
 
 
 def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
@@ -109,7 +163,13 @@ def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
         "--json", type=_output_path, metavar="PATH", help="also write the results as JSON"
     )
     bench.add_argument(
-        "--plot", type=_output_path, metavar="PATH", help="also draw a log-scale PNG"
+        "--plot",
+        type=_plot_path,
+        nargs="?",
+        const=DEFAULT_PLOT,
+        metavar="PATH.png",
+        help="also draw blockprep's speed-ups as a PNG (1440 px wide) at PATH.png (default "
+        f"{DEFAULT_PLOT})",
     )
     return parser
 
@@ -125,10 +185,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.steps is None:
         args.steps = QUICK_STEPS if args.quick else DEFAULT_STEPS
-    return _bench(workloads, args.workload or list(workloads), args)
+    names = list(dict.fromkeys(args.workload or workloads))  # a workload named twice runs once
+    outputs: dict[str, _Output] = {}
+    try:
+        for option in ("json", "plot"):
+            path = getattr(args, option)
+            if path is not None:
+                outputs[option] = _Output(path, probe=option == "json")
+    except OSError as error:
+        for output in outputs.values():
+            output.discard()
+        print(f"blockprep bench: error: --{option} {path}: {error}", file=sys.stderr)
+        return 2
+    try:
+        status = _bench(workloads, names, args, outputs)
+    finally:
+        for output in outputs.values():
+            output.discard()
+    return status
 
 
-def _bench(workloads: Mapping[str, Workload], names: list[str], args: argparse.Namespace) -> int:
+def _bench(
+    workloads: Mapping[str, Workload],
+    names: list[str],
+    args: argparse.Namespace,
+    outputs: Mapping[str, _Output],
+) -> int:
     """Check every workload, time all of them ``args.runs`` times (each run one pass over the
     workloads, so a slow spell of the machine lands in one run of several workloads rather than
     in every run of one), then report."""
@@ -161,7 +243,8 @@ def _bench(workloads: Mapping[str, Workload], names: list[str], args: argparse.N
                     loads.append(load)
                 bar.update()
     results = [r for name in names for r in summarize(workloads[name], timings[name], floors[name])]
-    _report(results, {name: workloads[name].description for name in names}, loads, threads, args)
+    descriptions = {name: workloads[name].description for name in names}
+    _report(results, descriptions, loads, threads, args, outputs)
     return 0
 
 
@@ -171,6 +254,7 @@ def _report(
     loads: list[float],
     threads: int,
     args: argparse.Namespace,
+    outputs: Mapping[str, _Output],
 ) -> None:
     found = warnings(results, loads, os.cpu_count() or 1)
     parts = [
@@ -180,7 +264,7 @@ def _report(
         footer(found),
     ]
     print("\n\n".join(part for part in parts if part))
-    if args.json is not None:
+    if "json" in outputs:
         options = {
             "workloads": list(descriptions),
             "steps": args.steps,
@@ -190,9 +274,12 @@ def _report(
             "interleaved": not args.sequential,
         }
         conditions = {"load_averages": loads, "warnings": found, "descriptions": descriptions}
-        write_json(args.json, results, options, conditions)
-    if args.plot is not None:
-        write_plot(args.plot, results)
+        outputs["json"].write(json_text(results, options, conditions).encode())
+    if "plot" in outputs:
+        picture = io.BytesIO()
+        write_plot(picture, results, found)
+        outputs["plot"].write(picture.getvalue())
+        print(f"plot: {args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -301,3 +301,144 @@ def test_warnings_name_a_noisy_rebuild_disagreeing_runs_and_load() -> None:
     ]
     assert footer(found).splitlines()[-1].startswith("warning: these figures are unreliable")
     assert footer([]) == ""
+
+
+# --- issue 18 and 19: outputs checked up front, workloads once, the plot ------------------------
+
+
+def test_a_plot_path_that_is_no_png_fails_before_anything_runs(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    monkeypatch.setattr("blockprep.__main__.verify", _never)
+    monkeypatch.setattr("blockprep.__main__.time_workload", _never)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--steps", "1", "--plot", str(tmp_path / "x.txt")])
+    assert exit_info.value.code == 2
+    assert "the plot is a PNG; give a path ending in .png" in capsys.readouterr().err
+    assert not (tmp_path / "x.txt").exists()
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full here")
+def test_a_json_device_that_cannot_take_a_byte_fails_before_anything_runs(
+    monkeypatch: Any, capsys: Any
+) -> None:
+    monkeypatch.setattr("blockprep.__main__.verify", _never)
+    monkeypatch.setattr("blockprep.__main__.time_workload", _never)
+    assert main(["bench", "--steps", "1", "--json", "/dev/full"]) == 2
+    assert "error: --json /dev/full: [Errno 28] No space left on device" in capsys.readouterr().err
+
+
+def test_a_workload_named_twice_runs_once(tmp_path: Path, monkeypatch: Any, capsys: Any) -> None:
+    calls: list[str] = []
+    real = time_workload
+
+    def counted(workload: Workload, *args: Any, **kwargs: Any) -> Any:
+        calls.append(workload.name)
+        return real(workload, *args, **kwargs)
+
+    monkeypatch.setattr("blockprep.__main__.time_workload", counted)
+    json_path = tmp_path / "b.json"
+    argv = ["bench", "--steps", "2", "--json", str(json_path)]
+    assert main([*argv, "--workload", "paged-8x128-mixed", "--workload", "paged-8x128-mixed"]) == 0
+    assert calls == ["paged-8x128-mixed"]
+    assert (
+        sum(line.startswith("paged-8x128") for line in _table_lines(capsys.readouterr().out)) == 3
+    )
+    assert json.loads(json_path.read_text())["options"]["workloads"] == ["paged-8x128-mixed"]
+
+
+def test_a_failed_run_leaves_existing_outputs_and_removes_new_ones(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(
+        "blockprep.__main__.standard_workloads", lambda: {"toy": _workload(_Broken)}
+    )
+    old, new = tmp_path / "old.json", tmp_path / "new.png"
+    old.write_text("previous results\n")
+    assert main(["bench", "--steps", "4", "--json", str(old), "--plot", str(new)]) == 1
+    assert old.read_text() == "previous results\n"
+    assert not new.exists()
+
+
+def test_plot_without_a_path_draws_outside_the_checkout(
+    tmp_path: Path, monkeypatch: Any, capsys: Any
+) -> None:
+    pytest.importorskip("matplotlib")
+    from blockprep import __main__ as cli
+
+    assert not cli.DEFAULT_PLOT.resolve().is_relative_to(Path(__file__).resolve().parents[1])
+    monkeypatch.setattr(cli, "DEFAULT_PLOT", tmp_path / "default.png")
+    assert main(["bench", "--steps", "2", "--workload", "paged-8x128-mixed", "--plot"]) == 0
+    assert (tmp_path / "default.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"plot: {tmp_path / 'default.png'}" in capsys.readouterr().err
+
+
+def _plotted(workload: str, construction: str, median: float, spread: float = 1.5) -> Result:
+    speedup = 100.0 / median
+    run = RunResult(median, median * 0.8, median * spread, speedup, 50.0 / median)
+    return Result(
+        workload,
+        construction,
+        10,
+        median,
+        median * 0.8,
+        median * spread,
+        speedup,
+        50.0 / median,
+        1.0,
+        1.0,
+        0.1,
+        (run,),
+    )
+
+
+def test_the_plot_is_one_bar_per_workload_grouped_by_family_and_says_unreliable(
+    monkeypatch: Any,
+) -> None:
+    pytest.importorskip("matplotlib")
+    import io
+
+    import matplotlib.pyplot as plt
+
+    from blockprep.bench.report import write_plot
+
+    names = ["deepseek-v4-wire", "qwen3-14b", "deepseek-v4-cold", "ring-8x4096-n65"]
+    results = [
+        _plotted(name, construction, median)
+        for name in names
+        for construction, median in (("pre-fix", 100.0), ("fix", 50.0), ("blockprep", 4.0))
+    ]
+    figures: list[Any] = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda figure=None: figures.append(figure))
+    for found in ([], ["qwen3-14b pre-fix: p90/p10 = 2.00 > 1.5"]):
+        picture = io.BytesIO()
+        write_plot(picture, results, found)
+        png = picture.getvalue()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        assert int.from_bytes(png[16:20], "big") <= 1600  # IHDR width, pixels
+    close("all")
+    quiet, noisy = figures
+    (axes,) = quiet.axes
+    assert [t.get_text() for t in axes.get_yticklabels()] == [
+        "DeepSeek V4 preparer",
+        "  deepseek-v4-wire",
+        "  deepseek-v4-cold",
+        "Qwen3-14B preparer",
+        "  qwen3-14b",
+        "builders",
+        "  ring-8x4096-n65",
+    ]  # top to bottom
+    bars = [patch.get_width() for patch in axes.patches]
+    assert bars == [25.0] * 4  # pre-fix 100 us / blockprep 4 us, one bar each
+    (whisker,) = {
+        (round(s[0][0], 3), round(s[1][0], 3))
+        for c in axes.collections
+        for s in c.get_segments()
+        if s[0][1] == s[1][1]  # the horizontal line of an error bar
+    }
+    assert whisker == (round(100 / 6.0, 3), round(100 / 3.2, 3))  # pre-fix / p90 .. / p10
+    assert sorted(t.get_text() for t in axes.texts) == ["25.0x (vs fix 12.5x)"] * 4
+    assert quiet._suptitle is None
+    assert noisy._suptitle.get_text().startswith("UNRELIABLE RUN")
+    assert "qwen3-14b pre-fix: p90/p10 = 2.00 > 1.5" in noisy._suptitle.get_text()

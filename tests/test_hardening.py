@@ -499,55 +499,6 @@ def test_bench_help_runs_without_hypothesis() -> None:
     assert Reexported is DeepSeekV4SchedulerSim
 
 
-def test_plot_has_spread_bars_and_speedup_labels(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    pytest.importorskip("matplotlib")
-    import matplotlib.pyplot as plt
-
-    from blockprep.bench.report import write_plot
-    from blockprep.bench.runner import Result, RunResult
-
-    results = []
-    for workload in ("w1", "w2"):
-        for construction, median in (("pre-fix", 100.0), ("fix", 50.0), ("blockprep", 4.0)):
-            speedup = 100.0 / median
-            run = RunResult(median, median * 0.8, median * 1.5, speedup, 50.0 / median)
-            results.append(
-                Result(
-                    workload,
-                    construction,
-                    10,
-                    median,
-                    median * 0.8,
-                    median * 1.5,
-                    speedup,
-                    50.0 / median,
-                    1.0,
-                    1.0,
-                    0.1,
-                    (run,),
-                )
-            )
-    figures: list[Any] = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda figure=None: figures.append(figure))
-    write_plot(tmp_path / "plot.png", results)
-    close("all")
-    assert (tmp_path / "plot.png").stat().st_size > 0
-    (axes,) = figures[0].axes
-    error_bars = [c for c in axes.containers if getattr(c, "errorbar", None) is not None]
-    assert len(error_bars) == 3  # one p10-p90 set per construction
-    segments = [s for c in error_bars for s in c.errorbar.lines[2][0].get_segments()]
-    assert sorted({(round(s[0][1], 3), round(s[1][1], 3)) for s in segments}) == [
-        (3.2, 6.0),
-        (40.0, 75.0),
-        (80.0, 150.0),
-    ]
-    labels = sorted(text.get_text() for text in axes.texts)
-    assert labels == ["2.0x", "2.0x", "25.0x", "25.0x"]
-
-
 def test_readme_says_how_to_install_the_cpu_wheel_first() -> None:
     text = (ROOT / "README.md").read_text()
     cpu = text.index("--index-url https://download.pytorch.org/whl/cpu")

@@ -1,4 +1,5 @@
-"""Render benchmark results: a header, a text table, reliability warnings, JSON, a log-scale PNG."""
+"""Render benchmark results: a header, a text table, reliability warnings, JSON, a PNG of the
+speed-ups."""
 
 from __future__ import annotations
 
@@ -7,19 +8,21 @@ import math
 import os
 import platform
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
 
 from blockprep.bench.runner import BASELINE, FIX, Result
+from blockprep.bench.workloads import CONSTRUCTIONS
 from blockprep.engine import kernel_backend
 
 SPREAD_LIMIT = 1.5
 """An upstream rebuild's p90/p10 per step above this says the machine was too noisy to trust."""
 RUNS_LIMIT = 1.25
 """A speed-up's max/min over runs above this says the runs disagree too much to trust."""
+BLOCKPREP = CONSTRUCTIONS[2]
+"""The construction the plot draws (against the other two)."""
 LOAD_MARGIN = 0.5
 """The load average (the bench's own busy thread included) may reach ``cpus - LOAD_MARGIN``."""
 
@@ -159,23 +162,43 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def write_json(
-    path: Path, results: Sequence[Result], options: dict[str, Any], conditions: dict[str, Any]
-) -> None:
-    """Machine, options, measuring conditions (load averages, warnings) and every result with
-    its per-run figures; a figure that was not counted is ``null``."""
+def json_text(
+    results: Sequence[Result], options: dict[str, Any], conditions: dict[str, Any]
+) -> str:
+    """The JSON document: machine, options, measuring conditions (load averages, warnings) and
+    every result with its per-run figures; a figure that was not counted is ``null``."""
     document = {
         "machine": machine(),
         "options": options,
         "conditions": conditions,
         "results": [result.as_dict() for result in results],
     }
-    path.write_text(json.dumps(_plain(document), indent=2, allow_nan=False) + "\n")
+    return json.dumps(_plain(document), indent=2, allow_nan=False) + "\n"
 
 
-def write_plot(path: Path, results: Sequence[Result]) -> None:
-    """Median per step of every construction, grouped by workload, on a log scale, with p10-p90
-    error bars and each construction's speed-up against pre-fix above its bar.
+FAMILIES = (
+    ("deepseek-v4", "DeepSeek V4 preparer"),
+    ("qwen3-14b", "Qwen3-14B preparer"),
+    ("blocktable", "BlockTable"),
+    ("", "builders"),
+)
+"""Workload name prefix -> the family its bar is grouped under (the first prefix that matches)."""
+
+PLOT_WIDTH_IN, PLOT_DPI = 12.0, 120
+"""The picture is ``12 * 120 = 1440`` pixels wide, readable unzoomed."""
+
+
+def family(workload: str) -> str:
+    """The family of ``workload`` (:data:`FAMILIES`)."""
+    return next(label for prefix, label in FAMILIES if workload.startswith(prefix))
+
+
+def write_plot(out: BinaryIO, results: Sequence[Result], found: Sequence[str] = ()) -> None:
+    """Draw a PNG into ``out``: one horizontal bar per workload, blockprep's speed-up against
+    pre-fix (the table's "vs pre-fix", log scale), its whisker the per-step spread (the pre-fix
+    median over blockprep's p90, then p10), each labelled with both speed-ups; workloads grouped
+    by :func:`family`, a heading per family. ``found`` (the :func:`warnings`): when there are
+    any, the picture says in red that the run was unreliable, and why. 1440 pixels wide.
 
     Raises:
         ModuleNotFoundError: matplotlib is missing (the ``plot`` extra).
@@ -185,37 +208,67 @@ def write_plot(path: Path, results: Sequence[Result]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = list(dict.fromkeys(r.workload for r in results))
-    constructions = list(dict.fromkeys(r.construction for r in results))
     by_key = {(r.workload, r.construction): r for r in results}
-    figure, axes = plt.subplots(figsize=(max(6.0, 1.6 * len(workloads)), 5.0))
-    width = 0.8 / len(constructions)
-    for index, construction in enumerate(constructions):
-        offset = (index - (len(constructions) - 1) / 2) * width
-        bars = [by_key[(w, construction)] for w in workloads]
-        positions = [w + offset for w in range(len(workloads))]
-        medians = [r.median_us for r in bars]
-        spread = [[r.median_us - r.p10_us for r in bars], [r.p90_us - r.median_us for r in bars]]
-        axes.bar(positions, medians, width, yerr=spread, capsize=2, label=construction)
-        if construction == BASELINE:
+    workloads = list(dict.fromkeys(r.workload for r in results))
+    groups: dict[str, list[str]] = {}
+    for name in workloads:
+        groups.setdefault(family(name), []).append(name)
+    rows: list[tuple[str, Result | None]] = []  # top to bottom: a heading, then its workloads
+    for label, names in groups.items():
+        rows.append((label, None))
+        rows += [(name, by_key[(name, BLOCKPREP)]) for name in names]
+    top = 0.9 + 0.25 * min(len(found), 4)
+    figure, axes = plt.subplots(figsize=(PLOT_WIDTH_IN, top + 0.3 * len(rows) + 0.8))
+    positions = list(range(len(rows)))[::-1]
+    labels = []
+    for y, (label, r) in zip(positions, rows, strict=True):
+        if r is None:
+            labels.append(label)
             continue
-        for position, r in zip(positions, bars, strict=True):
-            axes.annotate(
-                f"{r.speedup:,.1f}x",
-                (position, r.p90_us),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                fontsize=7,
-                rotation=90,
-            )
-    axes.set_yscale("log")
-    axes.set_ylabel("median per step, p10-p90 (us, log scale)")
-    axes.set_xticks(range(len(workloads)), workloads, rotation=20, ha="right")
-    axes.legend()
-    axes.set_title("blockprep bench: one decode step's input preparation (labels: vs pre-fix)")
-    axes.margins(y=0.15)
+        labels.append(f"  {label}")
+        baseline = by_key[(r.workload, BASELINE)].median_us
+        low, high = baseline / r.p90_us, baseline / r.p10_us
+        axes.barh(y, r.speedup, height=0.7, color="tab:blue")
+        axes.errorbar(
+            r.speedup,
+            y,
+            xerr=[[max(r.speedup - low, 0.0)], [max(high - r.speedup, 0.0)]],
+            fmt="none",
+            ecolor="black",
+            capsize=3,
+        )
+        axes.annotate(
+            f"{r.speedup:,.1f}x (vs fix {r.speedup_fix:,.1f}x)",
+            (max(high, r.speedup), y),
+            xytext=(4, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
+    axes.set_yticks(positions, labels)
+    for tick, (_, r) in zip(axes.get_yticklabels(), rows, strict=True):
+        if r is None:
+            tick.set_fontweight("bold")
+    axes.set_xscale("log")
+    axes.axvline(1.0, color="grey", linewidth=0.8)
+    axes.set_xlabel(
+        "blockprep speed-up vs upstream pre-fix (log scale); whisker: pre-fix median / "
+        "blockprep p90 .. p10 per step"
+    )
+    axes.margins(x=0.25)
+    title = "blockprep bench: one decode step's input preparation"
+    if found:
+        shown = [*found[:3], f"... {len(found) - 3} more"] if len(found) > 4 else list(found)
+        figure.suptitle(
+            "UNRELIABLE RUN (rerun on a quiet machine, --runs 3):\n" + "\n".join(shown),
+            color="red",
+            fontsize=9,
+            x=0.01,
+            ha="left",
+        )
+        axes.set_title(title, fontsize=10)
+    else:
+        axes.set_title(title)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    figure.savefig(out, format="png", dpi=PLOT_DPI)
     plt.close(figure)
