@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.block_table import BlockTable
+from blockprep.block_table import BlockTable, UnknownRowError
 from blockprep.buffers import DeviceMirror, host_tensor, torch_device
 from blockprep.ids import INT32_MAX, NEGATIVE_ID_MESSAGE, as_int, has_integer_dtype, is_integer_id
 
@@ -67,10 +67,27 @@ def _kernel_block_size(block_size: int, kernel_block_size: int | None) -> None:
         )
 
 
-def _items(items: RowItems[_T]) -> Iterable[tuple[int, _T]]:
-    if type(items) is list or type(items) is tuple or not isinstance(items, Mapping):
+def _items(items: RowItems[_T], name: str) -> Iterable[tuple[int, _T]]:
+    if type(items) is list or type(items) is tuple:
         return items
-    return items.items()
+    if isinstance(items, Mapping):
+        return items.items()
+    pairs: Iterable[tuple[int, _T]] = _iterable(items, name, "(row, ids) pairs or a mapping")
+    return pairs
+
+
+def _iterable(items: Any, name: str, what: str) -> Any:
+    """``items`` when it is iterable (not a string); ``TypeError`` naming ``name`` otherwise."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+        raise TypeError(f"{name} must be {what}, got {type(items).__name__}")
+    return items
+
+
+def _unknown(where: str) -> UnknownRowError:
+    return UnknownRowError(
+        f"{where} holds unknown ids (never written by this table, or invalidated): "
+        "write the whole row with add_row() first"
+    )
 
 
 def _plain(ids: object) -> bool:
@@ -188,7 +205,10 @@ class VllmBlockTable:
                 f"max_num_batched_tokens must be non-negative, got {self.max_num_batched_tokens}"
             )
         self.pin_memory = pin_memory
-        self.device = torch_device(device)  # torch_npu imported first for "npu"
+        try:
+            self.device = torch_device(device)  # torch_npu imported first for "npu"
+        except RuntimeError as error:  # a device string torch does not know
+            raise ValueError(f"device {device!r} is not a torch device: {error}") from None
         self._table = BlockTable(
             self.max_num_reqs,
             self.max_num_blocks_per_req,
@@ -243,8 +263,14 @@ class VllmBlockTable:
         self._table.append(row_idx, block_ids)
 
     def add_row(self, block_ids: Ids, row_idx: int) -> None:
-        """Row ``row_idx`` holds ``block_ids`` (then 0), whatever it held before."""
-        self._table.apply_deltas(truncate={row_idx: 0}, append={row_idx: block_ids})
+        """Row ``row_idx`` holds ``block_ids`` (then 0), whatever it held before (an invalidated
+        row included)."""
+        table = self._table
+        if table.cached_ids(row_idx) is None:  # invalidated: written whole, its ids checked
+            where = f"block-table row {row_idx}"
+            table.write_row(row_idx, _checked_ids(where, block_ids, 0, self.max_num_blocks_per_req))
+            return
+        table.apply_deltas(truncate={row_idx: 0}, append={row_idx: block_ids})
 
     def clear_row(self, row_idx: int) -> None:
         """Row ``row_idx`` holds no blocks (its used cells reset to 0)."""
@@ -295,7 +321,7 @@ class VllmBlockTable:
         commit = None if num_reqs is None else self._num_reqs(num_reqs)
         table = self._table
         truncate, append, pairs = _step_deltas(
-            table, finished, _items(appended), _items(added), moves
+            table, finished, _items(appended, "appended"), _items(added, "added"), moves
         )
         if truncate or append:
             table.apply_deltas(truncate=truncate, append=append)
@@ -421,7 +447,7 @@ def _step_deltas(
 ) -> tuple[dict[int, int], dict[int, Any], list[tuple[int, int]]]:
     """One group's step as ``apply_deltas`` arguments (``{row: 0}`` truncations, ``{row: ids}``
     appends) and the moves, whose rows are checked here: ``apply_deltas`` checks the rest."""
-    truncate = dict.fromkeys(finished, 0)
+    truncate = dict.fromkeys(_iterable(finished, "finished", "an iterable of rows"), 0)
     append: dict[int, Any] = {}
     for row, ids in appended:
         if row in append:
@@ -437,7 +463,7 @@ def _step_deltas(
         replaced.add(row)
         truncate[row] = 0
         append[row] = ids
-    pairs = moves if type(moves) is list else list(moves)
+    pairs = moves if type(moves) is list else list(_iterable(moves, "moves", "(src, tgt) pairs"))
     num_rows = table.num_rows
     for pair in pairs:
         for row in pair:
@@ -523,8 +549,12 @@ class VllmMultiGroupBlockTable:
     # --- per-row operations ----------------------------------------------------------------------
 
     def append_row(self, block_ids: GroupIds, row_idx: int) -> None:
-        """Each group's row ``row_idx`` gains that group's ids; all groups checked first."""
+        """Each group's row ``row_idx`` gains that group's ids; all groups checked first (its
+        ids known in each: :class:`~blockprep.UnknownRowError` naming the group otherwise)."""
         checked = self._group_ids(block_ids, row_idx, append=True)
+        for g, table in enumerate(self.block_tables):
+            if table.table.cached_ids(row_idx) is None:
+                raise _unknown(_where(g, row_idx))
         for table, ids in zip(self.block_tables, checked, strict=True):
             table.table.append(row_idx, ids)
 
@@ -571,10 +601,10 @@ class VllmMultiGroupBlockTable:
         is checked before any group is written."""
         first = self.block_tables[0]
         commit = None if num_reqs is None else first._num_reqs(num_reqs)
-        finished = list(finished)
-        appended_items = list(_items(appended))
-        added_items = list(_items(added))
-        moves = list(moves)
+        finished = list(_iterable(finished, "finished", "an iterable of rows"))
+        appended_items = list(_items(appended, "appended"))
+        added_items = list(_items(added, "added"))
+        moves = list(_iterable(moves, "moves", "(src, tgt) pairs"))
         groups = len(self.block_tables)
         for row, ids in [*appended_items, *added_items]:
             if ids is not None and len(ids) != groups:
@@ -595,6 +625,9 @@ class VllmMultiGroupBlockTable:
                 moves,
             )
             width = group.max_num_blocks_per_req
+            for row in [*truncate, *append]:
+                if table.cached_ids(self._row(row)) is None:
+                    raise _unknown(_where(g, row))
             for row, ids in append.items():
                 count = 0 if row in truncate else int(group.num_blocks_per_row[self._row(row)])
                 append[row] = _checked_ids(_where(g, row), ids, count, width)

@@ -68,8 +68,11 @@ class DeepSeekV4DecodeInputs:
         (the result is a new tensor there).
 
         Raises:
+            TypeError: ``output`` not a tensor.
             ValueError: ``output`` not ``[R, T, ...]``, or ``tokens`` out of range.
         """
+        if not isinstance(output, torch.Tensor):
+            raise TypeError(f"kernel output must be a torch.Tensor, got {type(output).__name__}")
         R, T = self.input_ids.shape
         if output.ndim < 2 or tuple(output.shape[:2]) != (R, T):
             raise ValueError(
