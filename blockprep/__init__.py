@@ -4,6 +4,7 @@ Block tables, slot mappings, sequence lengths and padded token buffers, written 
 persistent buffers that a compiled decode program reads.
 """
 
+from blockprep import forks as _forks  # noqa: F401 (the fork hooks, for every import)
 from blockprep.batch import (
     DecodeBatch,
     DecodeExecutor,

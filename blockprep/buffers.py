@@ -10,6 +10,7 @@ import gc
 import importlib
 import itertools
 import math
+import os
 import sys
 import threading
 import weakref
@@ -187,6 +188,16 @@ def mapped_writable(start: int, nbytes: int) -> bool | None:
 
 
 _LOCK = threading.RLock()  # re-entrant: a finalizer may run (GC) while it is held
+
+
+def _new_lock() -> None:
+    """In a forked child: a new lock (another thread may have held the parent's at the fork)."""
+    global _LOCK
+    _LOCK = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_lock)
 _WRITABLE: dict[int, tuple[weakref.ref[Any], int, int]] = {}
 """Storages found writable: ``id(storage) -> (weak reference, data_ptr, nbytes)``."""
 

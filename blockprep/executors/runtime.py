@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import torch
 
-from blockprep import log
+from blockprep import forks, log
 from blockprep.adapters.deepseek.abi import (
     DEEPSEEK_V4_DECODE_ARGUMENTS,
     DEEPSEEK_V4_DECODE_KERNEL,
@@ -391,6 +391,20 @@ class DeepSeekV4RuntimeExecutor:
         self._stage: dict[int, str] = {}  # claimed slots: their stage
         self._dispatch_of: dict[int, int] = {}  # in-flight slots: their dispatch id
         self._steps = 0
+        forks.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (:mod:`blockprep.forks`): a new lock, and a slot some thread was
+        moving (its call gone with the thread) back to the stage that call started from."""
+        self._lock = threading.Lock()
+        undone = {PREPARING: None, DISPATCHING: PREPARED, RECLAIMING: IN_FLIGHT}
+        for slot, stage in list(self._stage.items()):
+            if stage in undone:
+                before = undone[stage]
+                if before is None:
+                    del self._stage[slot]
+                else:
+                    self._stage[slot] = before
 
     def busy_slots(self) -> frozenset[int]:
         """The claimed slots: being prepared, prepared early, dispatched and not reclaimed."""

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep import log
+from blockprep import forks, log
 from blockprep.adapters.deepseek.abi import PREPARED_ARGUMENTS, deepseek_v4_prepared_arguments
 from blockprep.adapters.deepseek.assignment import Assignment, assign
 from blockprep.adapters.deepseek.checks import normalization_error, raise_first
@@ -192,6 +192,21 @@ class DeepSeekV4DecodePreparer:
         self._verify_held: dict[Any, dict[str, list[int]]] = {}  # by request, as the steps made
         if layout.bound:
             self._bind(layout)
+        forks.register(self)
+
+    def _after_fork(self) -> None:
+        """In a forked child (:mod:`blockprep.forks`): new locks; when a thread held one at
+        the fork (a step half done), forget everything prepared, as :meth:`reset` does."""
+        held = self._plan_lock.locked() or any(slot.lock.locked() for slot in self._slots)
+        self._plan_lock = threading.Lock()
+        for slot in self._slots:
+            slot.lock = threading.Lock()
+        if held:
+            if self._tables is not None:
+                self._tables.reset()
+            self._assignment = None
+            self._cursor.last = None
+            self._invalidate(None)
 
     @property
     def buffer_slots(self) -> int:
