@@ -44,6 +44,7 @@ from blockprep.ids import (
     row_values,
 )
 from blockprep.row_deltas import RowDeltas, RowItems, row_items
+from blockprep.wire import SET, TRUNCATE
 
 _T = TypeVar("_T")
 
@@ -249,6 +250,10 @@ class BlockTable:
         """A copy of the ids row ``row`` holds (``[]`` when cleared), or ``None`` when unknown."""
         return self._kernel.held(self._row_index(row))
 
+    def knows(self, row: int) -> bool:
+        """Whether the table knows the ids row ``row`` holds (``cached_ids`` is not ``None``)."""
+        return self._kernel.length(self._row_index(row)) >= 0
+
     def held_rows(self, count: int) -> list[list[int] | None]:
         """The ids rows ``0..count-1`` hold, each a new list (``None``: unknown)."""
         held = self._kernel.held
@@ -343,6 +348,20 @@ class BlockTable:
 
     def copy_row(self, src: int, dst: int) -> bool:
         """Make row ``dst`` a copy of row ``src``; return whether anything was written."""
+        n, kernel = self._num_rows, self._kernel
+        rows = type(src) is int and type(dst) is int and 0 <= src < n and 0 <= dst < n
+        if rows and src != dst and kernel.length(src) > 0:  # the common case: one kernel step
+            stay = self._stay
+            stay[dst] = src
+            try:
+                plan, _ = kernel.stage_ops([dst], _NO_OPS, stay, _convert)
+            finally:
+                stay[dst] = dst
+            if not plan:
+                self._hits += 1
+                return False
+            self._render(plan, False, [dst])
+            return True
         return self.fill_rows(src, [dst]) == 1
 
     def fill_rows(self, src: int, dst_rows: Iterable[int]) -> int:
@@ -421,7 +440,9 @@ class BlockTable:
         ``j % n == p``; a paged row's is one cell. Positions are unique and within the row's
         length; positions whose id does not change are left alone (all of them: a hit).
         """
-        return self._deltas.apply({}, [(row, positions, ids)], {})
+        return self._deltas.one(row, [SET, positions, ids], positions, ids) or self._deltas.apply(
+            {}, [(row, positions, ids)], {}
+        )
 
     def truncate(self, row: int, length: int) -> int:
         """Row ``row`` keeps the first ``length`` of its ids; return the cells written.
@@ -430,7 +451,9 @@ class BlockTable:
         row cannot be truncated to nothing (:meth:`clear_row` does that). Keeping every id is a
         hit.
         """
-        return self._deltas.apply({row: length}, (), {})
+        return self._deltas.one(row, [TRUNCATE, length], length) or self._deltas.apply(
+            {row: length}, (), {}
+        )
 
     def apply_deltas(
         self,
@@ -648,6 +671,10 @@ class BlockTable:
             ids = _as_held(key, held)
         row_values(row, ids, self._max_blocks, self._kind)
         raise AssertionError(f"block-table row {row}: the kernel refused ids the checks take")
+
+
+_NO_OPS = [None]
+"""``stage_ops`` items of one row that holds what its source row holds (never mutated)."""
 
 
 def _convert(x: object) -> int | None:

@@ -97,6 +97,21 @@ class RowDeltas:
             raise AssertionError(f"{self._label} row {row}: the kernel refused {fault}")
         return self._commit(plan, 1, [row])
 
+    def one(self, row: object, op: list[Any], *values: object) -> int:
+        """One ``set_ids`` or ``truncate`` op of plain ints on a row, straight to the kernel:
+        the cells written; ``0`` when it changes nothing or is not of that form, or when the
+        kernel refuses it (:meth:`apply` then decides, and picks the message)."""
+        table = self._table
+        if type(row) is not int or not 0 <= row < table.num_rows:
+            return 0
+        for value in values:
+            if type(value) is not int and (type(value) is not list or not _plain(value)):
+                return 0
+        plan, fault = table._kernel.stage_ops([row], [[op]], table._stay, _convert_id)
+        if fault is not None or not plan:
+            return 0
+        return self._commit(plan, 1, [row])
+
     def apply(
         self,
         truncate: RowItems[int],

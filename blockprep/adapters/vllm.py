@@ -266,7 +266,7 @@ class VllmBlockTable:
         """Row ``row_idx`` holds ``block_ids`` (then 0), whatever it held before (an invalidated
         row included)."""
         table = self._table
-        if table.cached_ids(row_idx) is None:  # invalidated: written whole, its ids checked
+        if not table.knows(row_idx):  # invalidated: written whole, its ids checked
             where = f"block-table row {row_idx}"
             table.write_row(row_idx, _checked_ids(where, block_ids, 0, self.max_num_blocks_per_req))
             return
@@ -553,7 +553,7 @@ class VllmMultiGroupBlockTable:
         ids known in each: :class:`~blockprep.UnknownRowError` naming the group otherwise)."""
         checked = self._group_ids(block_ids, row_idx, append=True)
         for g, table in enumerate(self.block_tables):
-            if table.table.cached_ids(row_idx) is None:
+            if not table.table.knows(row_idx):
                 raise _unknown(_where(g, row_idx))
         for table, ids in zip(self.block_tables, checked, strict=True):
             table.table.append(row_idx, ids)
@@ -626,7 +626,7 @@ class VllmMultiGroupBlockTable:
             )
             width = group.max_num_blocks_per_req
             for row in [*truncate, *append]:
-                if table.cached_ids(self._row(row)) is None:
+                if not table.knows(self._row(row)):
                     raise _unknown(_where(g, row))
             for row, ids in append.items():
                 count = 0 if row in truncate else int(group.num_blocks_per_row[self._row(row)])
