@@ -400,15 +400,18 @@ class QwenDecodePreparer:
         page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
         items = None if step is None else step.items
         pages: list[Sequence[Any]] = []
-        slots: list[int] = []
+        fast = None if items is None else self._delta_slots(seq_lens, items)
+        slots: list[int] = [] if fast is None else fast
         lists: Sequence[Sequence[Any] | None]
         if items is None:
             lists = block_ids if len(block_ids) == count else _rows_of(block_ids, count)
+        elif fast is not None:  # every row passed: nothing left to check row by row
+            lists = []
         else:  # the rows as the table holds them, the message's changes patched in
             lists = table.held_rows(count)
             for row, ids in items.items():
                 lists[row] = ids
-        for row, (seq_len, held) in enumerate(zip(seq_lens, lists, strict=True)):
+        for row, (seq_len, held) in enumerate(zip(seq_lens, lists, strict=False)):
             # upstream's checks, in its order, row by row
             if seq_len <= 0:
                 raise ValueError("decode seq_lens must be positive")
@@ -448,6 +451,34 @@ class QwenDecodePreparer:
             self._request_rows = step.rows
         self._write_rows(count, token_values, seq_lens, slots)
         return self._inputs(count)
+
+    def _delta_slots(self, seq_lens: list[int], items: dict[int, Any]) -> list[int] | None:
+        """Each row's decode slot when every row passes upstream's row checks, the rows a
+        message leaves alone read from the table (its lengths and buffer, no held lists made);
+        ``None`` at the first doubt (the row loop then decides, and raises upstream's error)."""
+        width, page_size, max_seq_len = self.max_blocks, self.page_size, self.max_seq_len
+        page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
+        lengths = self._lengths[: len(seq_lens)].tolist()
+        cell = self._flat_table.item
+        slots: list[int] = []
+        for row, seq_len in enumerate(seq_lens):
+            if type(seq_len) is not int or not 0 < seq_len <= max_seq_len:
+                return None
+            position = seq_len - 1
+            index = position // page_size
+            ids = items.get(row)
+            if ids is None:  # as the table holds it (an unknown row has length 0)
+                if index >= lengths[row]:
+                    return None
+                page = cell(row * width + index)
+            elif type(ids) is not list or len(ids) > width or index >= len(ids):
+                return None
+            else:
+                page = ids[index]
+            if type(page) is not int or not 0 <= page <= page_max:
+                return None
+            slots.append(page * page_size + position - index * page_size)
+        return slots
 
     def _verified_prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
         """:meth:`prepare`, then every buffer against a from-scratch rebuild (``verify=True``)."""
