@@ -13,6 +13,8 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import torch
 
+from blockprep.errors import BlockprepTypeError
+
 InputsT_contra = TypeVar("InputsT_contra", contravariant=True)
 
 
@@ -44,7 +46,8 @@ class DecodeBatch:
     ``9b1a264``), then blockprep's own; construct it by keyword. The adapters read only the
     attributes they need, so upstream's own objects (and newer ones with more fields) work too.
 
-    - ``request_ids``: ``A`` request ids.
+    - ``request_ids``: ``A`` request ids (a 1-D NumPy array becomes a list, as
+      ``cache_partitions`` does: NumPy's ``==`` and truth value are elementwise).
     - ``token_ids``: ``[A]`` or ``[A, 1]`` integer tensor, the token each request decodes now
       (``[A, T]`` for multi-token layouts such as DeepSeek MTP).
     - ``hidden_states``: ``[A, hidden]`` host embeddings, or ``None``, the normal case for
@@ -93,6 +96,15 @@ class DecodeBatch:
             self.seq_lens = _as_tensor(self.seq_lens, "seq_lens")
         if self.prev_token_ids is not None and type(self.prev_token_ids) is not torch.Tensor:
             self.prev_token_ids = _as_tensor(self.prev_token_ids, "prev_token_ids")
+        for name in ("request_ids", "cache_partitions"):  # NumPy's == and truth are elementwise
+            value = getattr(self, name)
+            if isinstance(value, np.ndarray):
+                if value.ndim != 1:
+                    raise BlockprepTypeError(
+                        f"{name} must be a list or a 1-D array, got an array of shape "
+                        f"{list(value.shape)}"
+                    )
+                setattr(self, name, value.tolist())
 
 
 @dataclass

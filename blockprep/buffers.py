@@ -115,7 +115,8 @@ def host_tensor(
 
 
 def check_writable(buffer: torch.Tensor | npt.NDArray[Any], name: str) -> None:
-    """Raise ``ValueError("{name} is read-only memory")`` when writing ``buffer`` would fault.
+    """Raise ``ValueError("{name} is read-only memory")`` when writing ``buffer`` would fault
+    (``TypeError`` for a sparse tensor: no memory to write).
 
     A write through a tensor over read-only memory (``torch.from_numpy`` of an array over a
     read-only ``mmap``) kills the process with SIGSEGV; this check runs before the first write.
@@ -136,8 +137,9 @@ def check_writable(buffer: torch.Tensor | npt.NDArray[Any], name: str) -> None:
     """
     if isinstance(buffer, np.ndarray):
         if not buffer.flags.writeable:
-            raise ValueError(f"{name} is read-only memory")
+            raise BlockprepValueError(f"{name} is read-only memory")
         return
+    _check_strided(buffer, name)
     storage = buffer.untyped_storage()
     if storage.resizable() or buffer.device.type != "cpu":
         return
@@ -150,7 +152,7 @@ def check_writable(buffer: torch.Tensor | npt.NDArray[Any], name: str) -> None:
         if known is not None and known[0]() is storage and known[1:] == (start, nbytes):
             return
     if mapped_writable(start, nbytes) is False:
-        raise ValueError(f"{name} is read-only memory")
+        raise BlockprepValueError(f"{name} is read-only memory")
 
     def forget(ref: weakref.ref[Any], key: int = key) -> None:
         # No lock (a weakref callback may run inside a locked section); a newer entry stays.
@@ -159,6 +161,14 @@ def check_writable(buffer: torch.Tensor | npt.NDArray[Any], name: str) -> None:
 
     with _LOCK:
         _WRITABLE[key] = (weakref.ref(storage, forget), start, nbytes)
+
+
+def _check_strided(tensor: torch.Tensor, name: str) -> None:
+    """``TypeError`` for a sparse (or any non-strided) tensor: it has no memory to write."""
+    if tensor.layout != torch.strided:
+        raise BlockprepTypeError(
+            f"{name} must be a dense (strided) tensor, got layout {tensor.layout}"
+        )
 
 
 def mapped_writable(start: int, nbytes: int) -> bool | None:
@@ -247,7 +257,7 @@ def check_adopted(
 ) -> torch.Tensor:
     """``tensor`` as a buffer a caller hands in to be written: the one check every owner runs.
 
-    In order: a ``torch.Tensor`` (``TypeError``); of ``dtype`` (when given) on the CPU
+    In order: a ``torch.Tensor`` (``TypeError``); of ``dtype`` (when given) on the CPU, dense
     (``TypeError``); of one of ``shapes`` (when given, ``ValueError``); contiguous, not
     requiring grad, over writable memory (:func:`check_writable`), each a ``ValueError``. Every
     message starts with ``where``. Overlap with the owner's other buffers is
@@ -263,6 +273,7 @@ def check_adopted(
         )
     if tensor.device.type != "cpu":
         raise BlockprepTypeError(f"{where} must be a CPU tensor, got one on {tensor.device}")
+    _check_strided(tensor, where)
     if shapes and tuple(tensor.shape) not in shapes:
         wanted = " or ".join(str(shape) for shape in shapes)
         raise BlockprepValueError(f"{where} must have shape {wanted}, got {tuple(tensor.shape)}")

@@ -10,12 +10,14 @@ from __future__ import annotations
 import collections
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from blockprep.batch import DecodeBatch
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
+from blockprep.ids import as_int
 
 DEEPSEEK_V4_CACHE_GROUPS: tuple[tuple[str, int, int | None], ...] = (
     ("ori", 128, 4),
@@ -42,6 +44,31 @@ class _SimRequest:
     logical: dict[str, int]
 
 
+def _checked_pools(
+    num_blocks: object, decode_batch: int, ids_per_request: dict[str, int]
+) -> dict[str, int]:
+    """``num_blocks`` as pages per group, each pool large enough for ``decode_batch`` requests
+    holding their most pages at once (``ValueError`` up front, not an ``IndexError`` steps
+    later when a queue runs dry)."""
+    if not isinstance(num_blocks, Mapping):
+        raise BlockprepTypeError(
+            f"num_blocks must map group names to pages, got {type(num_blocks).__name__}"
+        )
+    missing = [name for name in ids_per_request if name not in num_blocks]
+    if missing:
+        raise BlockprepValueError(f"num_blocks is missing cache groups: {', '.join(missing)}")
+    pools = {}
+    for name, most in ids_per_request.items():
+        count = as_int(num_blocks[name], f"num_blocks[{name!r}]")
+        if count < decode_batch * most:
+            raise BlockprepValueError(
+                f"num_blocks[{name!r}]={count} is too small: {decode_batch} requests per rank "
+                f"holding up to {most} pages each need at least {decode_batch * most}"
+            )
+        pools[name] = count
+    return pools
+
+
 class DeepSeekV4SchedulerSim:
     """A DeepSeek V4 KV cache manager and request mix that yields one :class:`DecodeBatch` per step.
 
@@ -58,7 +85,8 @@ class DeepSeekV4SchedulerSim:
     Args:
         ranks, decode_batch, max_seq_len: the deployment's shape.
         seed: drives every random choice (the trace is a function of the arguments).
-        num_blocks: pages per rank and group; default ``decode_batch * (ids per request + 4)``.
+        num_blocks: pages per rank and group; default ``decode_batch * (ids per request + 4)``;
+            at least ``decode_batch * ids per request`` (``ValueError`` otherwise).
         prompt_lengths: inclusive range of a new request's prompt tokens (its first decode step
             has ``seq_len = prompt + 1``); target lengths are drawn up to ``max_seq_len``.
         max_advance: tokens a request advances per step, drawn in ``1..max_advance`` (2 for MTP).
@@ -106,7 +134,7 @@ class DeepSeekV4SchedulerSim:
             num_blocks = {
                 name: decode_batch * (count + 4) for name, count in self.ids_per_request.items()
             }
-        self.num_blocks = dict(num_blocks)
+        self.num_blocks = _checked_pools(num_blocks, decode_batch, self.ids_per_request)
         self._free: list[dict[str, collections.deque[int]]] = []
         for _ in range(ranks):
             queues = {}

@@ -40,6 +40,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
+from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, NOT_ID_ROWS, as_int, has_integer_dtype
 from blockprep.reference import QwenDecodePrep97
 from blockprep.slots import decode_slot
@@ -238,7 +239,7 @@ class QwenDecodePreparer:
         The block lists come by value (``batch.block_ids``; upstream's ``kv_allocations`` first
         when the batch has them: then one row per allocation, its ``page_ids``) or as a
         :mod:`blockprep.wire` message (``batch.block_deltas``, one op list per request id;
-        ``block_ids`` left empty).
+        ``block_ids`` left empty: both given is a ``ValueError``, as for DeepSeek).
         Rows are batch rows: a request at the row it held in the last applied step gets its ops
         applied there (a page append writes one cell); one that moved rows gets the list it held
         plus its ops written whole; a new one must come whole. A by-value batch makes the worker
@@ -315,6 +316,8 @@ class QwenDecodePreparer:
             _check_integer_dtype(batch.seq_lens, "seq_lens")
             _check_integer_dtype(tokens, "token_ids")
         message = getattr(batch, "block_deltas", None)  # upstream's DecodeBatch has none
+        if message is not None and getattr(batch, "block_ids", None):  # as DeepSeek's
+            raise BlockprepValueError("a Qwen batch carries block_ids or block_deltas, not both")
         if count <= self.row_loop_max:
             step = None if message is None else self._delta_step(message, batch.request_ids, count)
             return self._prepare_small(batch, count, step)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
+from blockprep.errors import BlockprepTypeError
 from blockprep.ids import INT32_MAX, as_int
 
 GROUP_NAMES = (
@@ -231,7 +232,13 @@ class DeepSeekV4Layout:
 
     def with_num_blocks(self, num_blocks: Mapping[str, int]) -> DeepSeekV4Layout:
         """This layout's shapes with the pool sizes ``num_blocks`` (every group named; the
-        checks of the constructor)."""
+        checks of the constructor). ``TypeError`` for anything but a mapping: binding never
+        falls back to the default pools (``None``) nor unbinds (``"unbound"``)."""
+        if not isinstance(num_blocks, Mapping):
+            raise BlockprepTypeError(
+                f"binding pool sizes needs num_blocks mapping every group name to its block "
+                f"count, got {num_blocks!r}"
+            )
         return DeepSeekV4Layout(
             self.ranks,
             self.decode_batch,

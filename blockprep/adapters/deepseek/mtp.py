@@ -14,6 +14,7 @@ import torch
 
 from blockprep.adapters.deepseek.rows import HOST_HIDDEN_MESSAGE, integer_array
 from blockprep.batch import DecodeBatch
+from blockprep.errors import BlockprepTypeError
 from blockprep.ids import has_integer_dtype
 
 
@@ -54,6 +55,11 @@ def accept_mtp_tokens(
 
 
 def integer_tensor(values: object, name: str) -> torch.Tensor:
+    if values is None or isinstance(values, (str, bytes)):
+        raise BlockprepTypeError(
+            f"{name} must be integer token ids (a tensor, array or list), got "
+            f"{type(values).__name__}"
+        )
     tensor = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
     if not has_integer_dtype(tensor):
         raise TypeError(f"{name} must hold integer token ids, got dtype {tensor.dtype}")

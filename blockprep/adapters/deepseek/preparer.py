@@ -190,6 +190,7 @@ class DeepSeekV4DecodePreparer:
         self._cursor = DeltaCursor()
         self.verify = bool(verify)
         self._verify_held: dict[Any, dict[str, list[int]]] = {}  # by request, as the steps made
+        self._verify_slots: dict[int, list[dict[str, list[int]]]] = {}  # by slot, for restage
         if layout.bound:
             self._bind(layout)
         forks.register(self)
@@ -542,10 +543,25 @@ class DeepSeekV4DecodePreparer:
                 rows = decode_rows(self.layout, batch, seq, A)
                 hidden = self._hidden(batch, A, mtp=False)
             check_position(self.layout, batch, rows)
+            groups = self._verify_slots.get(number) if self.verify else None
+            if groups is not None:  # the ids the slot holds, against the re-staged lengths
+                check_contract(self.layout, batch, groups, seq)
             dirty = slot.dirty if self._track else None
             slot.dynamic.write(assignment, rows, seq, dirty, owners=False)
             if hidden is not None:
                 slot.dynamic.write_x_hc(assignment, *hidden)
+            if groups is not None:
+                verify_slot(
+                    self.layout,
+                    prepared.inputs,
+                    batch,
+                    groups,
+                    seq,
+                    rows,
+                    hidden,
+                    prepared.mode,
+                    False,
+                )
             return prepared.inputs
 
     def speculative_batch(
@@ -622,6 +638,7 @@ class DeepSeekV4DecodePreparer:
         )
         if groups is not None:
             self._verify_held = dict(zip(batch.request_ids, groups, strict=True))
+            self._verify_slots[number] = groups
             verify_slot(self.layout, inputs, batch, groups, seq, rows, hidden, mode, early)
         return inputs
 

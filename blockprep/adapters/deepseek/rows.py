@@ -21,6 +21,7 @@ from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.checks import normalization_error, raise_first
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
+from blockprep.errors import BlockprepTypeError
 from blockprep.ids import as_int, has_integer_dtype
 
 INT64_MAX = 2**63 - 1
@@ -201,6 +202,8 @@ def integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
     if not has_integer_dtype(array):
         raise TypeError(f"decode {name} must be integers, got dtype {array.dtype}")
     if isinstance(array, torch.Tensor):
+        if array.is_meta:
+            raise BlockprepTypeError(f"decode {name} is a meta tensor (no data to read)")
         array = array.detach().cpu().numpy()
     if array.dtype.kind == "u" and array.dtype.itemsize == 8 and array.size:
         flat = array.reshape(-1)

@@ -25,6 +25,7 @@ from blockprep.adapters.deepseek.inputs import DeepSeekV4DecodeInputs
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
 from blockprep.adapters.deepseek.rows import Hidden, Mode, Rows
 from blockprep.batch import DecodeBatch
+from blockprep.errors import BlockprepValueError
 from blockprep.verify import check_buffer
 from blockprep.wire import apply_ops
 
@@ -64,13 +65,13 @@ def check_contract(
             n = len(row[group.name])
             where = f"decode row {q} (request {batch.request_ids[q]!r}) group {group.name}"
             if group.kind == "ring" and n > group.ids_per_request:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"DeepSeekV4 input contract: {where} holds {n} block IDs, more than its "
                     f"ring length {group.ids_per_request}"
                 )
             need = -(-seq_len // group.block_tokens)
             if group.kind == "paged" and n < need:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"DeepSeekV4 input contract: {where} holds {n} block IDs, fewer than "
                     f"seq_len {seq_len} needs (ceil({seq_len} / {group.block_tokens}) = "
                     f"{need})"
