@@ -43,8 +43,9 @@ class DecodeBatch:
     """One decode step's active requests, in batch order (``A`` of them).
 
     Upstream's fields in upstream's positional order (pypto-serving ``config/types.py`` at
-    ``9b1a264``), then blockprep's own; construct it by keyword. The adapters read only the
-    attributes they need, so upstream's own objects (and newer ones with more fields) work too.
+    ``9b1a264``), then blockprep's own; construct it by keyword. Upstream's own objects (and
+    newer ones with more fields) work too: the adapters read them through
+    :func:`as_decode_batch` or with the same defaults.
 
     - ``request_ids``: ``A`` request ids (a 1-D NumPy array becomes a list, as
       ``cache_partitions`` does: NumPy's ``==`` and truth value are elementwise).

@@ -197,3 +197,11 @@ def test_the_executors_slot_claims_and_releases_are_debug_records(
         (logging.DEBUG, f"DeepSeekV4RuntimeExecutor claimed buffer slot {slot}"),
         (logging.DEBUG, f"DeepSeekV4RuntimeExecutor released buffer slot {slot}"),
     ]
+
+
+def test_a_refused_bind_is_no_rejected_batch(caplog: pytest.LogCaptureFixture) -> None:
+    preparer, _ = deepseek(num_blocks="unbound")
+    caplog.set_level(logging.DEBUG, logger="blockprep")
+    with pytest.raises(ValueError, match="num_blocks is missing cache groups"):
+        preparer.bind_num_blocks({"ori": 4})
+    assert records(caplog) == []

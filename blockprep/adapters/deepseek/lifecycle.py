@@ -146,8 +146,9 @@ def holding(slot: Slot, number: object, what: str) -> Iterator[None]:
         raise SlotBusyError(as_int(number, "buffer_slot"), what)
     try:
         yield
-    except log.REJECTIONS as error:  # a WARNING record (once, however many boundaries)
-        log.rejected(f"DeepSeekV4DecodePreparer.{what}", error)
+    except log.REJECTIONS as error:  # a re-stage's rejected batch: a WARNING record (once)
+        if what == "restage":
+            log.rejected("DeepSeekV4DecodePreparer.restage", error)
         raise
     finally:
         slot.lock.release()
