@@ -49,7 +49,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from itertools import compress
+from itertools import compress, count
 from typing import Any
 
 import numpy as np
@@ -312,7 +312,14 @@ class GroupKernel:
         m = len(base)
         if set(map(type, ids)) <= _INT:  # plain ints only: the rule 1 in C-level passes
             short = min(n, m)
-            changed = [*compress(range(short), map(operator.ne, ids, base)), *range(short, n)]
+            first = next(compress(count(), map(operator.ne, ids, base)), short)
+            if n == m and first < n and ids[first + 1 :] == base[first + 1 :]:
+                changed = [first]  # one id changed (a rotated ring slot): no second pass
+            else:
+                changed = [
+                    *compress(range(first, short), map(operator.ne, ids[first:], base[first:])),
+                    *range(short, n),
+                ]
             if len(changed) == n:
                 new = ids[:]
             else:  # the held int objects kept, the changed ones put in
@@ -378,10 +385,11 @@ class GroupKernel:
                 if not 0 <= new[p] < self.limit:
                     return None, (RANGE, r, new[p])
         few = distinct and len(changed) <= MAX_POSITIONS  # only a changed id can repeat
-        repeats = changed and (
-            any(new.count(new[p]) > 1 for p in changed) if few else len(set(new)) != n
-        )
-        if self.distinct and repeats:
+        if (
+            self.distinct
+            and changed
+            and (any(new.count(new[p]) > 1 for p in changed) if few else len(set(new)) != n)
+        ):
             seen = set()
             for x in new:
                 if x in seen:
