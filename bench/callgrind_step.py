@@ -1,37 +1,60 @@
 """Instructions per step of a bench workload's blockprep construction, for callgrind.
 
 Usage (from a directory that holds no ``blockprep``, so the package under test is the one on
-``PYTHONPATH`` or installed)::
+``PYTHONPATH`` or installed; ``python`` the interpreter itself, not a shell shim)::
 
-    valgrind --tool=callgrind --callgrind-out-file=out.10 python bench/callgrind_step.py WORKLOAD 10
-    valgrind --tool=callgrind --callgrind-out-file=out.30 python bench/callgrind_step.py WORKLOAD 30
+    valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no \\
+        --toggle-collect=functools_reduce --callgrind-out-file=out python \\
+        bench/callgrind_step.py WORKLOAD 20
 
-and take (total at 30 - total at 10) / 20 (``callgrind_annotate`` or the ``summary:`` line of
-each file): the trace (45 steps) is made and every item received (unpickled) in both runs, and
-5 warm-up steps run first, so the difference is the 20 steps alone.
+and take the total (``callgrind_annotate`` or the ``summary:`` line) / 20: the trace (45 steps)
+is made and every item received (unpickled) with valgrind's instrumentation off (it runs at
+near native speed), the script turns it on (``callgrind_control -i on``), 5 warm-up steps run,
+then the 20 steps inside one ``functools.reduce`` call, the only place events are collected.
+(``WORKLOAD save FILE`` writes the trace to ``FILE``, ``WORKLOAD N FILE`` reads it from there.)
 """
 
+import functools
 import gc
+import os
+import pickle
+import subprocess
 import sys
+from typing import Any
 
 import torch
 
 from blockprep.bench import workloads
 
+TRACE_STEPS = 45
+
 
 def main() -> None:
-    name, steps = sys.argv[1], int(sys.argv[2])
+    name, steps = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
     workload = workloads.standard_workloads()[name]
-    items = list(workload.trace(45, 0))
+    if steps == "save":
+        with open(sys.argv[3], "wb") as file:
+            pickle.dump(list(workload.trace(TRACE_STEPS, 0)), file)
+        return
+    if len(sys.argv) > 3:
+        with open(sys.argv[3], "rb") as file:
+            items = pickle.load(file)
+    else:
+        items = list(workload.trace(TRACE_STEPS, 0))
     stepper = workload.constructions["blockprep"]()
     receive = getattr(stepper, "receive", lambda item: item)  # older benches have none
     received = [receive(item) for item in items]
+    # Instrumentation on (under callgrind; elsewhere the command fails, harmlessly).
+    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
     for item in received[:5]:
         stepper.step(item)
     gc.disable()
-    for item in received[5 : 5 + steps]:
+
+    def step(_: None, item: Any) -> None:
         stepper.step(item)
+
+    functools.reduce(step, received[5 : 5 + int(steps)], None)  # events collected in here only
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ then ``pad``.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -224,6 +225,8 @@ class GroupedTables:
         self._counts = np.zeros((num_rows, len(groups)), dtype=np.int32)
         self._keys: list[Hashable | None] = [None] * num_rows
         self._stay = [PADDING] * num_rows  # srcs when no key changes
+        self._padding_rows = list(range(num_rows))  # the rows whose key is None, and as a set
+        self._padding_set = set(self._padding_rows)
         self._version = 0
 
     @property
@@ -257,9 +260,15 @@ class GroupedTables:
         return touched
 
     def latest_ids(self, group: int, row: int) -> list[int] | None:
-        """A copy of the ids ``row`` holds in ``group`` as of the latest commit (``None``: none)."""
-        kernel = self._kernels[as_int(group, "group")]
-        return kernel.held(as_int(row, "row"))
+        """A copy of the ids ``row`` holds in ``group`` (an index into :attr:`groups`) as of the
+        latest commit (``None``: none). ``IndexError`` for a group or row out of range (negative
+        ones included: nothing counts from the end)."""
+        index, number = as_int(group, "group"), as_int(row, "row")
+        if not 0 <= index < len(self._kernels):
+            raise IndexError(f"group {group} out of range: there are {len(self._kernels)} groups")
+        if not 0 <= number < self._num_rows:
+            raise IndexError(f"row {row} out of range: there are {self._num_rows} rows")
+        return self._kernels[index].held(number)
 
     def stats(self, slot: int) -> dict[str, BlockTableStats]:
         """Per group, slot ``slot``'s counters: ``hits`` rows a commit left alone, ``misses`` rows
@@ -289,6 +298,8 @@ class GroupedTables:
             kernel.reset()
         self._keys = [None] * self._num_rows
         self._stay = [PADDING] * self._num_rows
+        self._padding_rows = list(range(self._num_rows))
+        self._padding_set = set(self._padding_rows)
         self._counts = np.zeros_like(self._counts)
         self._version += 1
         self.invalidate()
@@ -316,6 +327,7 @@ class GroupedTables:
             BlockIdValueError: an id outside ``[0, id_limit)`` or repeated in its row, a ring row
                 with no ids, a row longer than its group's width.
             ValueError: ``rows`` or ``keys`` of the wrong length.
+            TypeError: ``keys`` that is no sequence (``None``, say).
         """
         n_rows = self._num_rows
         if len(rows) != len(self._groups):
@@ -328,9 +340,14 @@ class GroupedTables:
                 raise ValueError(
                     f"group {group.name}: rows must hold {n_rows} rows, got {len(column)}"
                 )
-            if type(column) is not list or set(map(type, column)) != {list}:
+            kernel = self._kernels[gi]
+            plan, fault = None, None
+            if type(column) is list:  # the caller's lists as they are (the kernel checks them)
+                with contextlib.suppress(TypeError):  # a row that is no list: converted below
+                    plan, fault = kernel.stage(None, column, srcs, _convert)
+            if plan is None and (fault is None or set(map(type, column)) != {list}):
                 column = [_as_list(ids, row, group, place) for row, ids in enumerate(column)]
-            plan, fault = self._kernels[gi].stage(None, column, srcs, _convert)
+                plan, fault = kernel.stage(None, column, srcs, _convert)
             if fault is not None:
                 raise _fault_error(fault, group, place)
             plans.append(plan)
@@ -371,9 +388,12 @@ class GroupedTables:
         keys, srcs = self._key_changes(keys)
         if whole:
             srcs = [PADDING if key is None else NEW for key in keys]
-        padding_rows = [row for row, key in enumerate(keys) if key is None]
-        padding_set = set(padding_rows)
-        moved = [row for row, src in enumerate(srcs) if src != row and src != PADDING]
+        if keys is previous and not whole:  # no key changed: the padding rows as held, none moved
+            padding_rows, padding_set, moved = self._padding_rows, self._padding_set, []
+        else:
+            padding_rows = [row for row, key in enumerate(keys) if key is None]
+            padding_set = set(padding_rows)
+            moved = [row for row, src in enumerate(srcs) if src != row and src != PADDING]
         plans = []
         for gi, group in enumerate(self._groups):
             kernel = self._kernels[gi]
@@ -411,7 +431,13 @@ class GroupedTables:
         come from: ``PADDING``, the row its request held them at (itself when it stayed), or
         ``NEW``."""
         n_rows = self._num_rows
-        keys = list(keys)
+        try:
+            keys = list(keys)
+        except TypeError:
+            raise TypeError(
+                f"keys must be a sequence of {n_rows} row keys (None for a padding row), got "
+                f"{type(keys).__name__}"
+            ) from None
         if len(keys) != n_rows:
             raise ValueError(f"keys must hold {n_rows} rows, got {len(keys)}")
         previous = self._keys
@@ -463,6 +489,8 @@ class GroupedTables:
         if step.keys is not self._keys:
             self._keys = step.keys
             self._stay = [PADDING if key is None else row for row, key in enumerate(step.keys)]
+            self._padding_rows = [row for row, key in enumerate(step.keys) if key is None]
+            self._padding_set = set(self._padding_rows)
         self._version += 1
 
     def _state(self, slot: int) -> _SlotState:

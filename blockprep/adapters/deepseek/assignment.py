@@ -42,8 +42,7 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
         if len(request_ids) == len(partitions):  # the same places, other requests
             A = len(request_ids)
             now = [request_ids[q] if q < A else None for q in cached.perm]
-            rows = cached.request_rows.tolist()
-            row_of = dict(zip(request_ids, rows, strict=True))
+            row_of = dict(zip(request_ids, cached.request_rows.tolist(), strict=True))
             return _replace(cached, request_ids=list(request_ids), occupants=now, row_of=row_of)
     A = len(request_ids)
     if A <= 0:
@@ -53,39 +52,40 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
     R, b = layout.ranks, layout.decode_batch
     counts = [0] * R
     ranks: list[int] = []
-    local_rows: list[int] = []
+    rows: list[int] = []  # per request, its table row
     for partition in partitions:
         rank = partition if type(partition) is int else _partition_index(partition)
         if not 0 <= rank < R:
             raise ValueError(f"DeepSeekV4 decode cache partitions must be in [0, {R - 1}]")
-        if counts[rank] >= b:
+        local = counts[rank]
+        if local >= b:
             raise ValueError(f"DeepSeekV4 rank {rank} decode batch exceeds local capacity {b}")
+        counts[rank] = local + 1
         ranks.append(rank)
-        local_rows.append(counts[rank])
-        counts[rank] += 1
-    perm = [A + local - counts[rank] for rank in range(R) for local in range(b)]
+        rows.append(rank * b + local)
+    perm = [A + local - count for count in counts for local in range(b)]
     occupants: list[str | None] = [None] * (R * b)
     firsts = [0] * R  # each rank's first request (request 0 for an empty rank)
     for q in range(A - 1, -1, -1):
         firsts[ranks[q]] = q
     source = [q for q in firsts for _ in range(b)]
-    rows = [rank * b + local for rank, local in zip(ranks, local_rows, strict=True)]
+    ids = list(request_ids)
     for q, row in enumerate(rows):
         perm[row] = q
-        occupants[row] = request_ids[q]
+        occupants[row] = ids[q]
         source[row] = q
     return Assignment(
-        list(request_ids),
+        ids,
         list(partitions),
         tuple(ranks),
-        tuple(local_rows),
+        tuple(row - rank * b for row, rank in zip(rows, ranks, strict=True)),
         tuple(counts),
         perm,
         occupants,
         np.array(source, dtype=np.intp),
         np.array(rows, dtype=np.intp),
         R * b == A and perm == list(range(R * b)),
-        dict(zip(request_ids, rows, strict=True)),
+        dict(zip(ids, rows, strict=True)),
     )
 
 

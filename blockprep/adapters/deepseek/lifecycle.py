@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
 import torch
 
 from blockprep import log
@@ -37,7 +38,7 @@ from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.adapters.deepseek.rows import Mode
 from blockprep.adapters.kernel_abi import ArgSpec
 from blockprep.batch import DecodeBatch
-from blockprep.buffers import check_adopted, check_disjoint, host_tensor
+from blockprep.buffers import check_adopted, check_disjoint, claim_buffers, host_tensor
 from blockprep.ids import as_int
 
 REQUEST_ORDER_MESSAGE = "prepared decode request order changed before execution"
@@ -87,6 +88,23 @@ class Slot:
         self.prepared: Prepared | None = None
         self.dirty: set[int] = set(range(R))
 
+    def record(
+        self, mode: Mode, assignment: Assignment, number: int, decode_seq: int, active_seq: int
+    ) -> DeepSeekV4DecodeInputs:
+        """Take the step just written (by ``mode``, into slot ``number``) as what the slot holds,
+        and return its record: the last one when it held the same requests the same way."""
+        prepared = self.prepared
+        if (
+            prepared is None
+            or prepared.assignment is not assignment
+            or prepared.mode != mode
+            or prepared.inputs.active_seq != active_seq
+        ):
+            inputs = self.inputs(assignment, number, decode_seq, active_seq)
+            ids, partitions = tuple(assignment.request_ids), list(assignment.partitions)
+            self.prepared = prepared = Prepared(mode, ids, partitions, assignment, inputs)
+        return prepared.inputs
+
     def inputs(
         self, assignment: Assignment, number: int, decode_seq: int, active_seq: int
     ) -> DeepSeekV4DecodeInputs:
@@ -129,10 +147,21 @@ def prepared_step(slot: Slot, number: int, batch: DecodeBatch) -> Prepared:
 
 
 def slot_number(buffer_slot: object, slots: int) -> int:
-    number = buffer_slot if type(buffer_slot) is int else as_int(buffer_slot, "buffer_slot")
+    number = buffer_slot if type(buffer_slot) is int else as_slot(buffer_slot)
     if not 0 <= number < slots:
         raise ValueError(f"decode buffer_slot must be {_slot_choices(slots)}, got {buffer_slot}")
     return number
+
+
+def as_slot(buffer_slot: object) -> int:
+    """``buffer_slot`` as an int: ``TypeError`` for anything but an integer (a tensor or array of
+    one element included: it is no slot number)."""
+    if isinstance(buffer_slot, (torch.Tensor, np.ndarray)) and buffer_slot.ndim != 0:
+        raise TypeError(
+            f"buffer_slot must be an integer, got a {type(buffer_slot).__name__} of shape "
+            f"{list(buffer_slot.shape)}"
+        )
+    return as_int(buffer_slot, "buffer_slot")
 
 
 def _slot_choices(slots: int) -> str:
@@ -154,28 +183,44 @@ def holding(slot: Slot, number: object, what: str) -> Iterator[None]:
         slot.lock.release()
 
 
-@contextmanager
-def preparing(
-    slots: Sequence[Slot], plan_lock: threading.Lock, buffer_slot: object, what: str
-) -> Iterator[None]:
+class preparing:  # a context manager, named like the functions beside it
     """A prepare: its slot's lock (when ``buffer_slot`` names one; otherwise the checks
     raise upstream's message in upstream's order), then the planning lock."""
-    slot = None
-    try:
-        number = as_int(buffer_slot, "buffer_slot")
-    except (TypeError, ValueError):
-        number = -1  # not a slot: the checks raise upstream's message in upstream's order
-    if 0 <= number < len(slots):
-        slot = slots[number]
-    with ExitStack() as stack:
-        if slot is not None:
-            stack.enter_context(holding(slot, number, what))
-        stack.enter_context(plan_lock)
+
+    __slots__ = ("_number", "_plan_lock", "_slot", "_what")
+
+    def __init__(
+        self, slots: Sequence[Slot], plan_lock: threading.Lock, buffer_slot: object, what: str
+    ) -> None:
+        if type(buffer_slot) is int:
+            number = buffer_slot
+        else:
+            try:
+                number = as_slot(buffer_slot)
+            except (TypeError, ValueError):
+                number = -1  # not a slot: the checks raise upstream's message in upstream's order
+        self._slot = slots[number] if 0 <= number < len(slots) else None
+        self._number, self._plan_lock, self._what = number, plan_lock, what
+
+    def __enter__(self) -> None:
+        slot = self._slot
+        if slot is not None and not slot.lock.acquire(blocking=False):
+            raise SlotBusyError(self._number, self._what)
         try:
-            yield
-        except log.REJECTIONS as error:  # a WARNING record (once, however many boundaries)
-            log.rejected(f"DeepSeekV4DecodePreparer.{what}", error)
+            self._plan_lock.acquire()
+        except BaseException:
+            self._release_slot()
             raise
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        self._plan_lock.release()
+        self._release_slot()
+        if isinstance(error, log.REJECTIONS):  # a WARNING record (once)
+            log.rejected(f"DeepSeekV4DecodePreparer.{self._what}", error)
+
+    def _release_slot(self) -> None:
+        if self._slot is not None:
+            self._slot.lock.release()
 
 
 @contextmanager
@@ -207,6 +252,26 @@ def allocated(
         }
         for _ in range(slots)
     ]
+
+
+TABLE_ARGUMENTS = frozenset([*GROUP_ARGUMENTS.values(), "block_counts"])
+"""The buffers a bound preparer's :class:`~blockprep.grouped.GroupedTables` owns."""
+
+
+def claim_inputs(owner: object, slot_buffers: Sequence[Mapping[str, torch.Tensor]]) -> None:
+    """One owner per byte (:func:`~blockprep.buffers.claim_buffers`): every slot's buffers but the
+    tables and ``block_counts`` as ``owner``'s (those are its tables', once bound); a
+    ``ValueError`` naming ``buffers[slot][name]`` when another live owner holds one."""
+    claim_buffers(
+        owner,
+        [
+            (f"buffers[{s}][{name!r}]", tensor)
+            for s, named in enumerate(slot_buffers)
+            for name, tensor in named.items()
+            if name not in TABLE_ARGUMENTS
+        ],
+        "DeepSeekV4DecodePreparer",
+    )
 
 
 def adopted(

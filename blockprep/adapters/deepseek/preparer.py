@@ -31,12 +31,12 @@ from blockprep.adapters.deepseek.layout import UNBOUND_MESSAGE, DeepSeekV4Layout
 from blockprep.adapters.deepseek.lifecycle import (
     PARTITIONS_MESSAGE,
     REQUEST_ORDER_MESSAGE,
-    Prepared,
     Slot,
     SlotBusyError,
     adopted,
     all_slots,
     allocated,
+    claim_inputs,
     holding,
     prepared_step,
     preparing,
@@ -60,7 +60,13 @@ from blockprep.adapters.deepseek.rows import (
     placeholder,
     target_rows,
 )
-from blockprep.adapters.deepseek.tables import Scratch, bind_tables, plan_deltas, plan_tables
+from blockprep.adapters.deepseek.tables import (
+    NO_SCRATCH,
+    Scratch,
+    bind_tables,
+    plan_deltas,
+    plan_tables,
+)
 from blockprep.adapters.deepseek.verify import check_contract, verify_lists, verify_slot
 from blockprep.batch import DecodeBatch, as_decode_batch
 from blockprep.block_table import BlockTableStats
@@ -182,10 +188,11 @@ class DeepSeekV4DecodePreparer:
             slot_buffers = allocated(specs, buffer_slots, share)
         else:
             slot_buffers = adopted(buffers, specs, buffer_slots)
+        claim_inputs(self, slot_buffers)
         self._slots = [Slot(layout, b, hidden_size, share) for b in slot_buffers]
         self._plan_lock = threading.Lock()  # the tables' shared planning state
         self._tables: GroupedTables | None = None
-        self._scratch: Scratch = []
+        self._scratch: Scratch = NO_SCRATCH
         self._assignment: Assignment | None = None
         self._cursor = DeltaCursor()
         self.verify = bool(verify)
@@ -632,10 +639,7 @@ class DeepSeekV4DecodePreparer:
         dynamic.write(assignment, rows, seq, slot.dirty if self._track else None)
         if hidden is not None:
             dynamic.write_x_hc(assignment, *hidden)
-        inputs = slot.inputs(assignment, number, self.layout.decode_seq, rows.active_seq)
-        slot.prepared = Prepared(
-            mode, tuple(assignment.request_ids), list(assignment.partitions), assignment, inputs
-        )
+        inputs = slot.record(mode, assignment, number, self.layout.decode_seq, rows.active_seq)
         if groups is not None:
             self._verify_held = dict(zip(batch.request_ids, groups, strict=True))
             self._verify_slots[number] = groups

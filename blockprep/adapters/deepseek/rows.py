@@ -116,6 +116,9 @@ def target_rows(
 ) -> Rows:
     """Upstream's ``prepare_mtp_target_inputs`` checks, in its order."""
     S = layout.decode_seq
+    ragged = _ragged(token_rows)
+    if ragged is not None:
+        raise ValueError(f"MTP target token rows must have shape {(A, S)}, got {ragged}")
     tokens = integer_array(token_rows, "MTP target token rows")
     if tokens.shape != (A, S):
         raise ValueError(
@@ -141,7 +144,38 @@ def target_rows(
         )
     if not aligned:
         raise ValueError("MTP target positions must align with the fixed decode sequence")
-    return Rows(tokens, places.reshape(A, S), width)
+    places = places.reshape(A, S)
+    if places.size and int(places.min()) < 0:
+        q, p = divmod(int(np.argmin(places)), S)
+        raise ValueError(
+            f"MTP target positions must not be negative: row {q} holds {int(places[q, p])} at "
+            f"token {p}"
+        )
+    return Rows(tokens, places, width)
+
+
+def _ragged(token_rows: object) -> str | None:
+    """How a sequence of token rows of different lengths differs (``None`` when it does not):
+    the first row whose length is not row 0's."""
+    if isinstance(token_rows, (torch.Tensor, np.ndarray, str, bytes)) or not isinstance(
+        token_rows, Sequence
+    ):
+        return None
+
+    def size(row: object) -> str:
+        if isinstance(row, (torch.Tensor, np.ndarray)) and row.ndim == 0:
+            return "a scalar"
+        if isinstance(row, (Sequence, np.ndarray, torch.Tensor)) and not isinstance(
+            row, (str, bytes)
+        ):
+            return f"{len(row)} tokens"
+        return f"a {type(row).__name__}"
+
+    sizes = [size(row) for row in token_rows]
+    for q, described in enumerate(sizes):
+        if described != sizes[0]:
+            return f"ragged rows: row {q} holds {described}, row 0 {sizes[0]}"
+    return None
 
 
 def token_column(values: torch.Tensor | None, A: int, name: str) -> npt.NDArray[np.int64]:

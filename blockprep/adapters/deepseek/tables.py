@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from blockprep.adapters.deepseek.assignment import Assignment
@@ -25,11 +26,20 @@ from blockprep.batch import DecodeBatch
 from blockprep.grouped import BlockIdValueError, GroupedStep, GroupedTables, TableGroup
 from blockprep.wire import DeltaCursor, DeltaMessageError
 
-Scratch = list[list[list[int]]]
-"""Per group, per local row ``k``: the scratch list ``[num_blocks + k]`` of a padding row."""
+
+@dataclass(frozen=True)
+class Scratch:
+    """The ids of padding rows (never mutated): ``lists[group][k]`` is ``[num_blocks + k]``, the
+    scratch list of a rank's ``k``-th padding row; ``rows[k]`` the same lists by group name."""
+
+    lists: list[list[list[int]]]
+    rows: tuple[dict[str, list[int]], ...]
+
+
+NO_SCRATCH = Scratch([], ())
+"""The scratch of an unbound layout (nothing is planned on it)."""
 
 _GROUP_IDS = operator.itemgetter(*GROUP_NAMES)
-_GROUP_INDEX = {name: gi for gi, name in enumerate(GROUP_NAMES)}
 
 
 def bind_tables(
@@ -48,9 +58,9 @@ def bind_tables(
         buffers=[(slot.flat_tables, slot.counts.view(R * b, -1)) for slot in slots],
         track_rows=track,
     )
-    # Scratch rows: [num_blocks + k] for the k-th padding row of a rank; never mutated.
-    scratch = [[[n + k] for k in range(b)] for n in layout.num_blocks.values()]
-    return tables, scratch
+    lists = [[[n + k] for k in range(b)] for n in layout.num_blocks.values()]
+    rows = tuple(dict(zip(GROUP_NAMES, pages, strict=True)) for pages in zip(*lists, strict=True))
+    return tables, Scratch(lists, rows)
 
 
 def plan_tables(
@@ -64,13 +74,10 @@ def plan_tables(
     rows), planned by the grouped tables; on any error, upstream's first error wins."""
     perm = assignment.perm
     try:
-        columns: list[Sequence[Any]]
-        columns = list(zip(*map(_GROUP_IDS, batch.block_ids_by_group), strict=True))
-        if not assignment.in_order:
-            columns = [
-                list(map((*column, *pages).__getitem__, perm))
-                for column, pages in zip(columns, scratch, strict=True)
-            ]
+        lists: Sequence[Any] = batch.block_ids_by_group
+        if not assignment.in_order:  # table order: requests by assignment, padding rows' scratch
+            lists = list(map((*lists, *scratch.rows).__getitem__, perm))
+        columns = list(map(list, zip(*map(_GROUP_IDS, lists), strict=True)))
         return tables.plan(columns, assignment.occupants, lambda r: f"decode row {perm[r]}")
     except (KeyError, TypeError, BlockIdValueError) as error:
         # the id rule, or a row that is no mapping, a group missing: upstream's error first
@@ -93,7 +100,7 @@ def plan_deltas(
     seq, rows = cursor.check(message)
     if batch.block_ids_by_group:
         raise ValueError("a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both")
-    changes: list[dict[int, Any]] = [{} for _ in GROUP_NAMES]
+    by_name: dict[str, dict[int, Any]] = {name: {} for name in GROUP_NAMES}
     if rows:
         row_of = assignment.row_of
         for request, groups in rows.items():
@@ -108,18 +115,19 @@ def plan_deltas(
                     f"{type(groups).__name__}"
                 )
             for name, ops in groups.items():
-                gi = _GROUP_INDEX.get(name)
-                if gi is None:
+                group = by_name.get(name)
+                if group is None:
                     raise DeltaMessageError(
                         f"request {request!r}: unknown group {name!r}; the groups are "
                         f"{list(GROUP_NAMES)}"
                     )
-                changes[gi][row] = ops
+                group[row] = ops
+    changes = list(by_name.values())
     perm = assignment.perm
     A = len(assignment.ranks)
 
     def padding(group: int, row: int) -> list[int]:
-        return scratch[group][perm[row] - A]
+        return scratch.lists[group][perm[row] - A]
 
     step = tables.plan_deltas(
         changes,
