@@ -160,7 +160,7 @@ def as_decode_batch(batch: object) -> DecodeBatch:
         return batch
     missing = [name for name in _REQUIRED if not hasattr(batch, name)]
     if missing:
-        raise TypeError(
+        raise BlockprepTypeError(
             f"a decode batch needs {', '.join(missing)}: {type(batch).__name__} has no "
             f"attribute {missing[0]!r}"
         )
@@ -181,12 +181,12 @@ def _as_tensor(value: object, name: str) -> torch.Tensor:
         try:
             return torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"DecodeBatch {name} must be an integer tensor, or a list, tuple or NumPy array "
                 f"of integers of one shape; {type(value).__name__} could not be converted "
                 f"({error})"
             ) from None
-    raise TypeError(
+    raise BlockprepTypeError(
         f"DecodeBatch {name} must be an integer tensor, or a list, tuple or NumPy array of "
         f"integers, got {type(value).__name__}"
     )

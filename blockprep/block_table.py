@@ -33,6 +33,7 @@ import torch
 
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.engine import GroupKernel
+from blockprep.errors import BlockprepIndexError, BlockprepRuntimeError, BlockprepValueError
 from blockprep.ids import (
     INT32_MAX,
     Kind,
@@ -67,11 +68,11 @@ _WRITE_METHODS = (
 """The methods that write the buffer: ``verify=True`` checks the table after each."""
 
 
-class StaleRowError(RuntimeError):
+class StaleRowError(BlockprepRuntimeError):
     """:meth:`BlockTable.check` found a row whose buffer content differs from its cached ids."""
 
 
-class UnknownRowError(ValueError):
+class UnknownRowError(BlockprepValueError):
     """A delta (:meth:`BlockTable.append`, :meth:`~BlockTable.set_ids`,
     :meth:`~BlockTable.truncate`, :meth:`~BlockTable.apply_deltas`) named a row whose ids the
     table does not know: never written by it, or invalidated. Write the row whole first."""
@@ -150,10 +151,10 @@ class BlockTable:
         verify: bool = False,
     ) -> None:
         if not isinstance(kind, str) or kind not in ("paged", "ring"):
-            raise ValueError(f"kind must be 'paged' or 'ring', got {kind!r}")
+            raise BlockprepValueError(f"kind must be 'paged' or 'ring', got {kind!r}")
         num_rows = as_int(num_rows, "num_rows")
         if num_rows < 0:
-            raise ValueError(f"num_rows must be non-negative, got {num_rows}")
+            raise BlockprepValueError(f"num_rows must be non-negative, got {num_rows}")
         max_blocks = check_max_blocks(max_blocks)
         pad = check_pad(pad)
         self._num_rows = num_rows
@@ -171,7 +172,9 @@ class BlockTable:
             )
         else:
             if pin_memory or share_memory:
-                raise ValueError("pin_memory and share_memory apply only to an allocated buffer")
+                raise BlockprepValueError(
+                    "pin_memory and share_memory apply only to an allocated buffer"
+                )
             shapes = ((num_rows, max_blocks), (num_rows * max_blocks,))
             check_adopted(buffer, "buffer", dtype=torch.int32, shapes=shapes)
             self._tensor = buffer
@@ -318,7 +321,7 @@ class BlockTable:
                 if type(row) is not int or not 0 <= row < self._num_rows:
                     row = self._row_index(row)
                 if row in seen:
-                    raise ValueError(f"block-table row {row} is given more than once")
+                    raise BlockprepValueError(f"block-table row {row} is given more than once")
                 seen.add(row)
                 lists.append(ids if type(ids) is list else self._listed(row, ids))
                 rows.append(row)
@@ -340,7 +343,9 @@ class BlockTable:
         and writes nothing.
         """
         if plan.table is not self or plan.epoch != self._epoch:
-            raise RuntimeError("a block-table plan must be committed to its table before any write")
+            raise BlockprepRuntimeError(
+                "a block-table plan must be committed to its table before any write"
+            )
         self._hits += plan.hits
         if plan.rows:
             self._render(plan.staged, False, plan.rows)
@@ -574,7 +579,7 @@ class BlockTable:
     def _row_index(self, row: object) -> int:
         index = as_int(row, "block-table row index")
         if not 0 <= index < self._num_rows:
-            raise IndexError(
+            raise BlockprepIndexError(
                 f"block-table row {index} is out of range for a table of {self._num_rows} rows"
             )
         return index

@@ -21,7 +21,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.errors import BlockprepTypeError, BlockprepValueError
+from blockprep.errors import (
+    BlockprepIndexError,
+    BlockprepRuntimeError,
+    BlockprepTypeError,
+    BlockprepValueError,
+)
 from blockprep.ids import as_int
 
 NPU_PACKAGE = "torch_npu"
@@ -55,7 +60,7 @@ def torch_device(device: str | torch.device) -> torch.device:
         try:
             return torch.device(device)
         except RuntimeError as error:
-            raise RuntimeError(
+            raise BlockprepRuntimeError(
                 f"{NPU_PACKAGE} was imported but torch still does not know device {device!r}: "
                 f"{error}"
             ) from None
@@ -90,20 +95,20 @@ def host_tensor(
         TypeError: ``shape`` not a tuple or list of integers, ``dtype`` not a ``torch.dtype``.
     """
     if pin_memory and share_memory:
-        raise ValueError("pin_memory and share_memory cannot be combined")
+        raise BlockprepValueError("pin_memory and share_memory cannot be combined")
     if not isinstance(shape, (tuple, list)):
-        raise TypeError(f"shape must be a tuple of integers, got {type(shape).__name__}")
+        raise BlockprepTypeError(f"shape must be a tuple of integers, got {type(shape).__name__}")
     sizes = tuple(as_int(size, "shape size") for size in shape)
     if any(size < 0 for size in sizes):
-        raise ValueError(f"shape {sizes} has a negative size")
+        raise BlockprepValueError(f"shape {sizes} has a negative size")
     if not isinstance(dtype, torch.dtype):
-        raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        raise BlockprepTypeError(f"dtype must be a torch.dtype, got {dtype!r}")
     pin = pin_memory and pin_memory_available()
     try:
         tensor = torch.full(sizes, fill, dtype=dtype, pin_memory=pin)
     except (RuntimeError, MemoryError) as error:  # overflowed or failed allocation
         nbytes = math.prod(sizes) * dtype.itemsize
-        raise ValueError(
+        raise BlockprepValueError(
             f"cannot allocate a host buffer of shape {sizes} and {dtype} ({nbytes} bytes)"
         ) from error
     if share_memory:
@@ -217,7 +222,7 @@ def check_no_self_overlap(array: npt.NDArray[Any], name: str) -> None:
     ``as_strided`` view with a zero or overlapping stride): writing it, rows overwrite rows."""
     if has_self_overlap(array):
         shape, strides = tuple(array.shape), tuple(array.strides)
-        raise ValueError(
+        raise BlockprepValueError(
             f"{name} overlaps itself (shape {shape}, byte strides {strides}): distinct cells "
             "share memory, so writing one row would overwrite another"
         )
@@ -473,21 +478,23 @@ class DeviceMirror:
         copier: MirrorCopier | None = None,
     ) -> None:
         if not isinstance(host, torch.Tensor):
-            raise TypeError(f"host must be a torch.Tensor, got {type(host).__name__}")
+            raise BlockprepTypeError(f"host must be a torch.Tensor, got {type(host).__name__}")
         if host.device.type != "cpu":
-            raise ValueError(f"host must be a CPU tensor, got one on {host.device}")
+            raise BlockprepValueError(f"host must be a CPU tensor, got one on {host.device}")
         if not isinstance(device, (str, torch.device)):
-            raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+            raise BlockprepTypeError(
+                f"device must be a str or torch.device, got {type(device).__name__}"
+            )
         try:
             device = torch_device(device)  # imports torch_npu before parsing "npu"
         except RuntimeError as error:
-            raise ValueError(f"unknown device {device!r}") from error
+            raise BlockprepValueError(f"unknown device {device!r}") from error
         self._host = host
         self._shared = device.type == "cpu" and not separate
         try:
             self._tensor = host if self._shared else torch.empty_like(host, device=device)
         except (RuntimeError, AssertionError) as error:  # "not compiled with CUDA", no device
-            raise ValueError(
+            raise BlockprepValueError(
                 f"device {str(device)!r} is not available to this torch build (its error is "
                 "chained)"
             ) from error
@@ -522,7 +529,9 @@ class DeviceMirror:
         ordered = sorted({as_int(row, "mirror row") for row in rows})
         if ordered and (ordered[0] < 0 or ordered[-1] >= len(self._host)):
             bad = ordered[0] if ordered[0] < 0 else ordered[-1]
-            raise IndexError(f"mirror row {bad} is out of range for {len(self._host)} rows")
+            raise BlockprepIndexError(
+                f"mirror row {bad} is out of range for {len(self._host)} rows"
+            )
         if not ordered:
             return
         for start, stop in _runs(ordered):

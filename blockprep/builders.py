@@ -25,6 +25,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.buffers import check_no_self_overlap, check_writable
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import IdRows, check_max_blocks, check_pad, id_rows
 from blockprep.tiling import tile_row, tile_rows
 
@@ -155,20 +156,24 @@ def _destination(
     shape = (rows, max_blocks)
     if isinstance(out, torch.Tensor):
         if out.dtype != torch.int32 or out.device.type != "cpu":
-            raise TypeError(f"out must be an int32 CPU tensor, got {out.dtype} on {out.device}")
+            raise BlockprepTypeError(
+                f"out must be an int32 CPU tensor, got {out.dtype} on {out.device}"
+            )
         if tuple(out.shape) != shape:
-            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+            raise BlockprepValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
         check_writable(out, "out")
         view = out.detach().numpy()
         check_no_self_overlap(view, "out")
         return out, view
     if isinstance(out, np.ndarray):
         if out.dtype != np.int32:
-            raise TypeError(f"out must be an int32 array, got {out.dtype}")
+            raise BlockprepTypeError(f"out must be an int32 array, got {out.dtype}")
         if out.shape != shape:
-            raise ValueError(f"out must have shape {shape}, got {out.shape}")
+            raise BlockprepValueError(f"out must have shape {shape}, got {out.shape}")
         if not out.flags.writeable:
-            raise ValueError("out is read-only")
+            raise BlockprepValueError("out is read-only")
         check_no_self_overlap(out, "out")
         return out, out
-    raise TypeError(f"out must be a torch.Tensor or numpy.ndarray, got {type(out).__name__}")
+    raise BlockprepTypeError(
+        f"out must be a torch.Tensor or numpy.ndarray, got {type(out).__name__}"
+    )

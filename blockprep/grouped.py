@@ -44,6 +44,7 @@ from blockprep.block_table import BlockTableStats
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.engine import GroupKernel
 from blockprep.engine.twin import LENGTH, NEW, OPS, PAD_RANGE, PADDING, RANGE, REPEAT, TYPE
+from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
 from blockprep.wire import DeltaMessageError, apply_ops
 
@@ -69,17 +70,21 @@ class TableGroup:
 
     def __post_init__(self) -> None:
         if self.kind not in ("ring", "paged"):
-            raise ValueError(
+            raise BlockprepValueError(
                 f"group {self.name}: kind must be 'ring' or 'paged', got {self.kind!r}"
             )
         if as_int(self.width, "width") <= 0:
-            raise ValueError(f"group {self.name}: width must be positive, got {self.width}")
+            raise BlockprepValueError(
+                f"group {self.name}: width must be positive, got {self.width}"
+            )
         limit = as_int(self.id_limit, "id_limit")
         if not 0 < limit <= INT32_MAX + 1:
-            raise ValueError(f"group {self.name}: id_limit must be in [1, 2**31], got {limit}")
+            raise BlockprepValueError(
+                f"group {self.name}: id_limit must be in [1, 2**31], got {limit}"
+            )
         check_pad(self.pad)
         if not 0 <= as_int(self.min_ids, "min_ids") <= self.width:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"group {self.name}: min_ids must be in [0, width], got {self.min_ids}"
             )
 
@@ -89,7 +94,7 @@ class TableGroup:
         return max(self.min_ids, 1 if self.kind == "ring" else 0)
 
 
-class BlockIdTypeError(TypeError):
+class BlockIdTypeError(BlockprepTypeError):
     """A changed id that is not an integer, or a row container of a non-integer dtype.
     ``row`` is the table row, ``group`` the group name, ``value`` the offending id or row."""
 
@@ -98,7 +103,7 @@ class BlockIdTypeError(TypeError):
         self.row, self.group, self.value = row, group, value
 
 
-class BlockIdValueError(ValueError):
+class BlockIdValueError(BlockprepValueError):
     """A changed id out of range or repeated within its row, or a row of a bad length.
     ``row``, ``group`` and ``value`` as for :class:`BlockIdTypeError` (``value`` is ``None`` for a
     bad length)."""
@@ -191,28 +196,28 @@ class GroupedTables:
     ) -> None:
         groups = tuple(groups)
         if not groups or not all(isinstance(g, TableGroup) for g in groups):
-            raise TypeError("groups must be a non-empty sequence of TableGroup")
+            raise BlockprepTypeError("groups must be a non-empty sequence of TableGroup")
         names = [g.name for g in groups]
         if len(set(names)) != len(names):
-            raise ValueError(f"group names must be unique, got {names}")
+            raise BlockprepValueError(f"group names must be unique, got {names}")
         num_rows = as_int(num_rows, "num_rows")
         slots = as_int(slots, "slots")
         if num_rows < 0:
-            raise ValueError(f"num_rows must be non-negative, got {num_rows}")
+            raise BlockprepValueError(f"num_rows must be non-negative, got {num_rows}")
         if slots <= 0:
-            raise ValueError(f"slots must be positive, got {slots}")
+            raise BlockprepValueError(f"slots must be positive, got {slots}")
         if as_int(block_rows, "block_rows") < 1:
-            raise ValueError(f"block_rows must be positive, got {block_rows}")
+            raise BlockprepValueError(f"block_rows must be positive, got {block_rows}")
         self._groups = groups
         self._num_rows = num_rows
         if buffers is None:
             adopted: list[tuple[Mapping[str, torch.Tensor], torch.Tensor] | None] = [None] * slots
         else:
             if share_memory:
-                raise ValueError("share_memory applies only to allocated buffers")
+                raise BlockprepValueError("share_memory applies only to allocated buffers")
             checked = [_checked_adopted(groups, num_rows, b, s) for s, b in enumerate(buffers)]
             if len(checked) != slots:
-                raise ValueError(f"buffers must hold {slots} slots, got {len(checked)}")
+                raise BlockprepValueError(f"buffers must hold {slots} slots, got {len(checked)}")
             adopted = list(checked)
         self._slots = [
             _SlotState(groups, num_rows, share_memory, adopted[s], track_rows) for s in range(slots)
@@ -255,7 +260,7 @@ class GroupedTables:
         ``track_rows=True``."""
         state = self._state(slot)
         if state.touched is None:
-            raise ValueError("take_touched_rows needs GroupedTables(..., track_rows=True)")
+            raise BlockprepValueError("take_touched_rows needs GroupedTables(..., track_rows=True)")
         touched, state.touched = state.touched, set()
         return touched
 
@@ -265,9 +270,11 @@ class GroupedTables:
         ones included: nothing counts from the end)."""
         index, number = as_int(group, "group"), as_int(row, "row")
         if not 0 <= index < len(self._kernels):
-            raise IndexError(f"group {group} out of range: there are {len(self._kernels)} groups")
+            raise BlockprepIndexError(
+                f"group {group} out of range: there are {len(self._kernels)} groups"
+            )
         if not 0 <= number < self._num_rows:
-            raise IndexError(f"row {row} out of range: there are {self._num_rows} rows")
+            raise BlockprepIndexError(f"row {row} out of range: there are {self._num_rows} rows")
         return self._kernels[index].held(number)
 
     def stats(self, slot: int) -> dict[str, BlockTableStats]:
@@ -331,13 +338,13 @@ class GroupedTables:
         """
         n_rows = self._num_rows
         if len(rows) != len(self._groups):
-            raise ValueError(f"rows must hold {len(self._groups)} groups, got {len(rows)}")
+            raise BlockprepValueError(f"rows must hold {len(self._groups)} groups, got {len(rows)}")
         keys, srcs = self._key_changes(keys)
         plans = []
         for gi, group in enumerate(self._groups):
             column = rows[gi]
             if len(column) != n_rows:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"group {group.name}: rows must hold {n_rows} rows, got {len(column)}"
                 )
             kernel = self._kernels[gi]
@@ -383,7 +390,9 @@ class GroupedTables:
             BlockIdTypeError, BlockIdValueError, ValueError: as :meth:`plan`.
         """
         if len(changes) != len(self._groups):
-            raise ValueError(f"changes must hold {len(self._groups)} groups, got {len(changes)}")
+            raise BlockprepValueError(
+                f"changes must hold {len(self._groups)} groups, got {len(changes)}"
+            )
         previous = self._keys
         keys, srcs = self._key_changes(keys)
         if whole:
@@ -434,12 +443,12 @@ class GroupedTables:
         try:
             keys = list(keys)
         except TypeError:
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"keys must be a sequence of {n_rows} row keys (None for a padding row), got "
                 f"{type(keys).__name__}"
             ) from None
         if len(keys) != n_rows:
-            raise ValueError(f"keys must hold {n_rows} rows, got {len(keys)}")
+            raise BlockprepValueError(f"keys must hold {n_rows} rows, got {len(keys)}")
         previous = self._keys
         if keys == previous:
             return previous, self._stay
@@ -459,7 +468,7 @@ class GroupedTables:
         planned on the current state, ``IndexError`` for a bad ``slot``.
         """
         if step.version != self._version:
-            raise ValueError("a GroupedStep must be committed once, before the next plan")
+            raise BlockprepValueError("a GroupedStep must be committed once, before the next plan")
         state = self._state(slot)
         number = self._slots.index(state)
         touched = state.touched
@@ -497,7 +506,9 @@ class GroupedTables:
         """Slot ``slot``; ``IndexError`` (or ``TypeError``) for anything but one of them."""
         index = as_int(slot, "slot")
         if not 0 <= index < len(self._slots):
-            raise IndexError(f"slot {slot} out of range: there are {len(self._slots)} slots")
+            raise BlockprepIndexError(
+                f"slot {slot} out of range: there are {len(self._slots)} slots"
+            )
         return self._slots[index]
 
 
@@ -569,10 +580,10 @@ def _checked_adopted(
 ) -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
     """One slot's adopted ``(tables, counts)``, checked: int32, CPU, contiguous, shapes."""
     if not isinstance(buffers, tuple) or len(buffers) != 2:
-        raise TypeError(f"buffers[{slot}] must be a (tables, counts) pair")
+        raise BlockprepTypeError(f"buffers[{slot}] must be a (tables, counts) pair")
     tables, counts = buffers
     if not isinstance(tables, Mapping):
-        raise TypeError(f"buffers[{slot}] tables must map group names to tensors")
+        raise BlockprepTypeError(f"buffers[{slot}] tables must map group names to tensors")
     wanted = {g.name: (num_rows, g.width) for g in groups}
     wanted_counts = (num_rows, len(groups))
     for name, shape in [*wanted.items(), ("counts", wanted_counts)]:

@@ -31,6 +31,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
+
 INT32_MAX = 2**31 - 1
 """Largest block id a table can hold (the tables are int32)."""
 
@@ -75,18 +77,18 @@ def as_int(value: object, name: str) -> int:
     if isinstance(value, (bool, np.bool_)) or (
         isinstance(value, torch.Tensor) and value.dtype == torch.bool
     ):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
+        raise BlockprepTypeError(f"{name} must be an integer, got {value!r}")
     try:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+        raise BlockprepTypeError(f"{name} must be an integer, got {value!r}") from None
 
 
 def check_max_blocks(max_blocks: int) -> int:
     """Return ``max_blocks`` as an int; upstream's ``ValueError`` when it is not positive."""
     value = as_int(max_blocks, "max_blocks")
     if value <= 0:
-        raise ValueError("max_blocks must be positive")
+        raise BlockprepValueError("max_blocks must be positive")
     return value
 
 
@@ -94,7 +96,7 @@ def check_pad(pad: int) -> int:
     """Return ``pad`` (the value after a paged row's ids) as an int within int32."""
     value = as_int(pad, "pad")
     if not -(2**31) <= value <= INT32_MAX:
-        raise ValueError(f"pad {value} is outside the int32 range")
+        raise BlockprepValueError(f"pad {value} is outside the int32 range")
     return value
 
 
@@ -113,7 +115,7 @@ def id_rows(rows: Any, max_blocks: int, kind: Kind) -> IdRows:
             isinstance(rows, (np.ndarray, torch.Tensor, *NOT_ID_ROWS))
             or not isinstance(rows, Iterable)
         ):
-            raise TypeError(
+            raise BlockprepTypeError(
                 "rows must be an iterable of block-id rows, in order (a list, tuple, or 2-D "
                 f"integer array or tensor), got {_describe(rows)}"
             )
@@ -191,10 +193,12 @@ def row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[Any
     if isinstance(row, (np.ndarray, torch.Tensor)):
         if row.ndim != 1:
             shape = tuple(row.shape)
-            raise ValueError(f"{label} row {r} must be one-dimensional, got shape {shape}")
+            raise BlockprepValueError(f"{label} row {r} must be one-dimensional, got shape {shape}")
         check_length(r, len(row), max_blocks, kind)
         if not has_integer_dtype(row):
-            raise TypeError(f"{label} row {r} has dtype {row.dtype}; block IDs must be integers")
+            raise BlockprepTypeError(
+                f"{label} row {r} has dtype {row.dtype}; block IDs must be integers"
+            )
         array = _as_numpy(row)
         if array.size:
             if int(array.min()) < 0:
@@ -204,7 +208,7 @@ def row_values(r: int, row: Any, max_blocks: int, kind: Kind) -> npt.NDArray[Any
         return array
     if isinstance(row, NOT_ID_ROWS) or not isinstance(row, Sequence):
         name = type(row).__name__
-        raise TypeError(f"{label} row {r} must be a sequence of block IDs, got {name}")
+        raise BlockprepTypeError(f"{label} row {r} must be a sequence of block IDs, got {name}")
     check_length(r, len(row), max_blocks, kind)
     return checked_ids(r, row, kind)
 
@@ -224,7 +228,7 @@ def checked_ids(r: int, ids: Iterable[Any], kind: Kind) -> npt.NDArray[np.int32]
     for x in values:
         if not is_integer_id(x):
             name = type(x).__name__
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"{_label(kind)} row {r} holds {x!r} of type {name}; block IDs must be integers"
             )
         ints.append(operator.index(x))
@@ -258,17 +262,19 @@ def id_list(ids: object) -> list[Any] | None:
 def check_length(r: int, n: int, max_blocks: int, kind: Kind) -> None:
     if kind == "ring":
         if n == 0:
-            raise ValueError(f"ring block-table row {r} has no allocated blocks")
+            raise BlockprepValueError(f"ring block-table row {r} has no allocated blocks")
         if n > max_blocks:
-            raise ValueError(f"ring block-table row {r} has {n} blocks, maximum is {max_blocks}")
+            raise BlockprepValueError(
+                f"ring block-table row {r} has {n} blocks, maximum is {max_blocks}"
+            )
     elif n > max_blocks:
-        raise ValueError(f"row {r} has {n} blocks, maximum is {max_blocks}")
+        raise BlockprepValueError(f"row {r} has {n} blocks, maximum is {max_blocks}")
 
 
 def raise_negative(r: int, value: int, kind: Kind) -> None:
     """Upstream's negative-id message, the place appended: ``"block IDs must not be negative
     (block-table row 3, id -1)"`` (tests match the prefix)."""
-    raise ValueError(f"{NEGATIVE_ID_MESSAGE} ({_label(kind)} row {r}, id {value})")
+    raise BlockprepValueError(f"{NEGATIVE_ID_MESSAGE} ({_label(kind)} row {r}, id {value})")
 
 
 def _describe(value: object) -> str:
@@ -279,7 +285,9 @@ def _describe(value: object) -> str:
 
 
 def _raise_above_int32(r: int, value: int, kind: Kind) -> None:
-    raise ValueError(f"{_label(kind)} row {r} holds block ID {value}, maximum is {INT32_MAX}")
+    raise BlockprepValueError(
+        f"{_label(kind)} row {r} holds block ID {value}, maximum is {INT32_MAX}"
+    )
 
 
 def is_integer_id(x: object) -> bool:
@@ -309,6 +317,6 @@ def _as_numpy(array: npt.NDArray[Any] | torch.Tensor) -> npt.NDArray[Any]:
     """A NumPy view of a CPU integer tensor (a host copy of a device one); arrays pass through."""
     if isinstance(array, torch.Tensor):
         if array.is_meta:
-            raise ValueError("block IDs on the meta device hold no values")
+            raise BlockprepValueError("block IDs on the meta device hold no values")
         return array.detach().cpu().numpy()
     return array

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
+from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
@@ -46,7 +47,7 @@ def row_items(items: RowItems[_T], what: str) -> Iterable[tuple[int, _T]]:
     if isinstance(items, Mapping):
         return items.items()
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"{what} must be (row, value) pairs or a {{row: value}} mapping, "
             f"got {type(items).__name__}"
         )
@@ -58,7 +59,7 @@ def _pairs(items: Iterable[Any], what: str) -> Iterable[tuple[int, Any]]:
         if (type(item) is not tuple or len(item) != 2) and (
             isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 2
         ):
-            raise TypeError(f"{what} items must be (row, value) pairs, got {item!r}")
+            raise BlockprepTypeError(f"{what} items must be (row, value) pairs, got {item!r}")
         yield item[0], item[1]
 
 
@@ -131,12 +132,12 @@ class RowDeltas:
             entry.keep = self._length(entry.row, length, entry.keep)
             entry.ops.append([TRUNCATE, entry.keep])
         if isinstance(set_ids, (str, bytes)) or not isinstance(set_ids, Iterable):
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"set_ids must be (row, positions, ids) triples, got {type(set_ids).__name__}"
             )
         for item in set_ids:
             if isinstance(item, (str, bytes)) or not isinstance(item, Sequence) or len(item) != 3:
-                raise TypeError(
+                raise BlockprepTypeError(
                     f"set_ids items must be (row, positions, ids) triples, got {item!r}"
                 )
             row, positions, ids = item
@@ -214,7 +215,7 @@ class RowDeltas:
         if entry is None:
             entry = entries[index] = _Entry(index, self._known(index))
         if what in entry.kinds:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"{self._label} row {index} appears more than once in {what} "
                 "(one delta of each kind per row and call)"
             )
@@ -242,20 +243,24 @@ class RowDeltas:
         if isinstance(values, (np.ndarray, torch.Tensor)):
             if values.ndim != 1:
                 shape = tuple(values.shape)
-                raise ValueError(
+                raise BlockprepValueError(
                     f"{label} row {row} {what} must be one-dimensional, got shape {shape}"
                 )
             if what == "ids" and not has_integer_dtype(values):
-                raise TypeError(
+                raise BlockprepTypeError(
                     f"{label} row {row} has dtype {values.dtype}; block IDs must be integers"
                 )
             if isinstance(values, torch.Tensor) and values.is_meta:
-                raise ValueError(f"{label} row {row} {what} are on the meta device: no values")
+                raise BlockprepValueError(
+                    f"{label} row {row} {what} are on the meta device: no values"
+                )
             listed: list[Any] = values.tolist()
             return listed
         if isinstance(values, NOT_ID_ROWS) or not isinstance(values, Sequence):
             name = type(values).__name__
-            raise TypeError(f"{label} row {row} {what} must be a sequence of {items}, got {name}")
+            raise BlockprepTypeError(
+                f"{label} row {row} {what} must be a sequence of {items}, got {name}"
+            )
         return values if type(values) is list else list(values)
 
     def _sets(
@@ -266,7 +271,7 @@ class RowDeltas:
         slots = self._list(row, positions, "positions", "ints")
         values = self._ids(row, ids)
         if len(slots) != len(values):
-            raise ValueError(
+            raise BlockprepValueError(
                 f"{label} row {row} has {len(slots)} positions but {len(values)} ids to set there"
             )
         seen: set[int] = set()
@@ -274,11 +279,13 @@ class RowDeltas:
         for p in slots:
             index = as_int(p, f"{label} row {row} position")
             if not 0 <= index < length:
-                raise IndexError(
+                raise BlockprepIndexError(
                     f"{label} row {row} position {index} is out of range for its {length} ids"
                 )
             if index in seen:
-                raise ValueError(f"{label} row {row} position {index} is given more than once")
+                raise BlockprepValueError(
+                    f"{label} row {row} position {index} is given more than once"
+                )
             seen.add(index)
             checked.append(index)
         return checked, values
@@ -288,9 +295,11 @@ class RowDeltas:
         label = self._label
         keep = as_int(length, f"{label} row {row} truncate length")
         if not 0 <= keep <= old:
-            raise ValueError(f"{label} row {row} cannot be truncated to {keep} ids: it holds {old}")
+            raise BlockprepValueError(
+                f"{label} row {row} cannot be truncated to {keep} ids: it holds {old}"
+            )
         if keep == 0 and old and self._table.kind == "ring":
-            raise ValueError(
+            raise BlockprepValueError(
                 f"ring block-table row {row} cannot be truncated to 0 ids; use clear_row()"
             )
         return keep
@@ -310,10 +319,14 @@ def _delta_id(label: str, row: int, x: object) -> int:
     """One id of a delta on ``row``, checked: errors naming the row and the id."""
     if not is_integer_id(x):
         name = type(x).__name__
-        raise TypeError(f"{label} row {row} holds {x!r} of type {name}; block IDs must be integers")
+        raise BlockprepTypeError(
+            f"{label} row {row} holds {x!r} of type {name}; block IDs must be integers"
+        )
     value = operator.index(x)  # type: ignore[arg-type]
     if value < 0:
-        raise ValueError(f"{NEGATIVE_ID_MESSAGE} ({label} row {row}, id {value})")
+        raise BlockprepValueError(f"{NEGATIVE_ID_MESSAGE} ({label} row {row}, id {value})")
     if value > INT32_MAX:
-        raise ValueError(f"{label} row {row} holds block ID {value}, maximum is {INT32_MAX}")
+        raise BlockprepValueError(
+            f"{label} row {row} holds block ID {value}, maximum is {INT32_MAX}"
+        )
     return value

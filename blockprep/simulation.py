@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from blockprep.batch import DecodeBatch
-from blockprep.errors import BlockprepTypeError, BlockprepValueError
+from blockprep.errors import BlockprepRuntimeError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
 
 DEEPSEEK_V4_CACHE_GROUPS: tuple[tuple[str, int, int | None], ...] = (
@@ -220,7 +220,7 @@ class DeepSeekV4SchedulerSim:
                 block = request.logical[name]
                 if ring is None or block < ring:
                     if ring is None and block >= self.ids_per_request[name]:
-                        raise RuntimeError(
+                        raise BlockprepRuntimeError(
                             "Full-history KV cache table capacity exceeded "
                             f"({name}: {block + 1} > {self.ids_per_request[name]})"
                         )

@@ -15,6 +15,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.buffers import check_no_self_overlap, check_writable
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import INT32_MAX, NOT_ID_ROWS, as_int, checked_ids
 
 
@@ -48,16 +49,18 @@ def paged_slot_mapping(
         return torch.tensor(slots, dtype=torch.int32)
     if isinstance(out, torch.Tensor):
         if out.device.type != "cpu":
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"out must be an int32 CPU tensor or array, got a tensor on {out.device}"
             )
         target = out.detach().numpy()
     elif isinstance(out, np.ndarray):
         target = out
     else:
-        raise TypeError(f"out must be an int32 CPU tensor or array, got {type(out).__name__}")
+        raise BlockprepTypeError(
+            f"out must be an int32 CPU tensor or array, got {type(out).__name__}"
+        )
     if target.dtype != np.int32 or target.ndim != 1 or len(target) < len(slots):
-        raise ValueError(f"out must be int32 with at least {len(slots)} elements")
+        raise BlockprepValueError(f"out must be int32 with at least {len(slots)} elements")
     check_writable(out, "out")
     check_no_self_overlap(target[: len(slots)], "out")
     target[: len(slots)] = slots
@@ -70,11 +73,11 @@ def decode_slots(
     """The slots of :func:`paged_slot_mapping` as Python ints, checked, nothing written."""
     page_size = as_int(page_size, "page_size")
     if page_size <= 0:
-        raise ValueError(f"page_size must be positive, got {page_size}")
+        raise BlockprepValueError(f"page_size must be positive, got {page_size}")
     _check_sequence(pages, "pages")
     _check_sequence(seq_lens, "seq_lens")
     if len(pages) != len(seq_lens):
-        raise ValueError(f"{len(pages)} page lists for {len(seq_lens)} seq_lens")
+        raise BlockprepValueError(f"{len(pages)} page lists for {len(seq_lens)} seq_lens")
     return [
         decode_slot(row, pages[row], seq_len, page_size) for row, seq_len in enumerate(seq_lens)
     ]
@@ -90,16 +93,18 @@ def decode_slot(row: int, pages: Sequence[Any], seq_len: int, page_size: int) ->
         or not isinstance(pages, (Sequence, np.ndarray, torch.Tensor))
         or getattr(pages, "ndim", 1) != 1
     ):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"slot-mapping row {row} pages must be a sequence of page ids, "
             f"got {type(pages).__name__}"
         )
     if seq_len < 1:
-        raise ValueError(f"slot-mapping row {row} has seq_len {seq_len}; it must be positive")
+        raise BlockprepValueError(
+            f"slot-mapping row {row} has seq_len {seq_len}; it must be positive"
+        )
     position = seq_len - 1
     index, offset = divmod(position, page_size)
     if index >= len(pages):
-        raise ValueError(
+        raise BlockprepValueError(
             f"page_ids list length {len(pages)} is too small for decode position "
             f"{position}; need at least {index + 1} pages"
         )
@@ -108,7 +113,7 @@ def decode_slot(row: int, pages: Sequence[Any], seq_len: int, page_size: int) ->
         page = int(checked_ids(row, [page], "paged")[0])
     slot = page * page_size + offset
     if slot > INT32_MAX:
-        raise ValueError(
+        raise BlockprepValueError(
             f"slot-mapping row {row} maps to slot {slot} (page {page}), above {INT32_MAX}"
         )
     return slot
@@ -122,4 +127,6 @@ def _check_sequence(value: object, name: str) -> None:
             return
     elif isinstance(value, Sequence) and not isinstance(value, NOT_ID_ROWS):
         return
-    raise TypeError(f"{name} must be a sequence (list, tuple, array), got {type(value).__name__}")
+    raise BlockprepTypeError(
+        f"{name} must be a sequence (list, tuple, array), got {type(value).__name__}"
+    )

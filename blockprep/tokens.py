@@ -16,6 +16,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.buffers import check_writable, host_tensor
+from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int, has_integer_dtype, is_integer_id
 
 
@@ -51,26 +52,26 @@ class PaddedTokenBuffer:
     ) -> None:
         batch, width = as_int(batch, "batch"), as_int(width, "width")
         if batch <= 0:
-            raise ValueError(f"batch must be positive, got {batch}")
+            raise BlockprepValueError(f"batch must be positive, got {batch}")
         if width < 1:
-            raise ValueError("compiled decode token buffer must have at least one column")
+            raise BlockprepValueError("compiled decode token buffer must have at least one column")
         if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+            raise BlockprepTypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-            raise TypeError(f"dtype must be an integer dtype, got {dtype}")
+            raise BlockprepTypeError(f"dtype must be an integer dtype, got {dtype}")
         if buffer is None:
             buffer = host_tensor(
                 (batch, width), dtype, fill=0, pin_memory=pin_memory, share_memory=share_memory
             )
         elif not isinstance(buffer, torch.Tensor):
-            raise TypeError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
+            raise BlockprepTypeError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
         elif tuple(buffer.shape) != (batch, width) or buffer.dtype != dtype:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"buffer must be {dtype} of shape {(batch, width)}, "
                 f"got {buffer.dtype} of shape {tuple(buffer.shape)}"
             )
         elif buffer.device.type != "cpu" or not buffer.is_contiguous():
-            raise ValueError("buffer must be a contiguous CPU tensor")
+            raise BlockprepValueError("buffer must be a contiguous CPU tensor")
         check_writable(buffer, "buffer")  # a tensor over read-only memory: no SIGSEGV
         self._tensor = buffer
         self._rows: npt.NDArray[Any] = buffer.numpy()
@@ -97,12 +98,14 @@ class PaddedTokenBuffer:
         dtype, or when there are more tokens than rows."""
         tokens = _token_list(tokens)
         if len(tokens) > len(self._rows):
-            raise ValueError(f"{len(tokens)} tokens for a token buffer of {len(self._rows)} rows")
+            raise BlockprepValueError(
+                f"{len(tokens)} tokens for a token buffer of {len(self._rows)} rows"
+            )
         if not tokens or (self._low <= min(tokens) and max(tokens) <= self._high):
             return
         for row, token in enumerate(tokens):
             if not self._low <= token <= self._high:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"token row {row} holds token id {token}, outside {self._rows.dtype}"
                 )
 
@@ -141,9 +144,11 @@ class PaddedTokenBuffer:
         src_index = as_int(src, "replicate src")
         start_index = as_int(start, "replicate start")
         if not 0 <= src_index < batch:
-            raise IndexError(f"replicate src {src_index} is out of range for {batch} token rows")
+            raise BlockprepIndexError(
+                f"replicate src {src_index} is out of range for {batch} token rows"
+            )
         if not 0 <= start_index <= batch:
-            raise IndexError(
+            raise BlockprepIndexError(
                 f"replicate start {start_index} is out of range for {batch} token rows"
             )
         self._rows[start_index:, 0] = self._rows[src_index, 0]
@@ -158,7 +163,7 @@ def _token_list(tokens: object) -> list[int]:
             or not has_integer_dtype(tokens)
             or (isinstance(tokens, torch.Tensor) and tokens.is_meta)
         ):
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"tokens must be a 1-D integer array or tensor, got {tokens.dtype} of shape "
                 f"{tuple(tokens.shape)}" + (" on meta" if getattr(tokens, "is_meta", False) else "")
             )
@@ -166,7 +171,9 @@ def _token_list(tokens: object) -> list[int]:
         return values
     if type(tokens) is not list:
         if not isinstance(tokens, (list, tuple)):
-            raise TypeError(f"tokens must be a list of token ids, got {type(tokens).__name__}")
+            raise BlockprepTypeError(
+                f"tokens must be a list of token ids, got {type(tokens).__name__}"
+            )
         tokens = list(tokens)
     if set(map(type, tokens)) <= {int}:  # the common case, decided in C
         return tokens
@@ -174,7 +181,7 @@ def _token_list(tokens: object) -> list[int]:
     for row, token in enumerate(tokens):
         if not is_integer_id(token):
             name = type(token).__name__
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"token row {row} holds {token!r} of type {name}; token ids must be integers"
             )
         ints.append(operator.index(token))

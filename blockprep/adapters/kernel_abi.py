@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
+
 
 @dataclass(frozen=True)
 class ArgSpec:
@@ -39,14 +41,16 @@ class ArgSpec:
         """
         where = self.name if where is None else where
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
+            raise BlockprepTypeError(f"{where} must be a torch.Tensor, got {type(value).__name__}")
         if value.dtype != self.dtype:
-            raise TypeError(f"{where} must be {self.dtype}, got {value.dtype}")
+            raise BlockprepTypeError(f"{where} must be {self.dtype}, got {value.dtype}")
         if tuple(value.shape) != self.shape:
-            raise ValueError(f"{where} must have shape {list(self.shape)}, got {list(value.shape)}")
+            raise BlockprepValueError(
+                f"{where} must have shape {list(self.shape)}, got {list(value.shape)}"
+            )
 
 
-class KernelArgumentError(ValueError):
+class KernelArgumentError(BlockprepValueError):
     """The values given by name do not name a kernel's arguments exactly.
 
     ``missing``: arguments no source gave, in kernel order; ``unknown``: names that are no

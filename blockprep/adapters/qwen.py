@@ -40,7 +40,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.errors import BlockprepValueError
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import INT32_MAX, NOT_ID_ROWS, as_int, has_integer_dtype
 from blockprep.reference import QwenDecodePrep97
 from blockprep.slots import decode_slot
@@ -147,9 +147,11 @@ class QwenDecodePreparer:
         self.page_size = as_int(page_size, "page_size")
         for name in ("max_batch_size", "max_seq_len", "page_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise BlockprepValueError(f"{name} must be positive, got {getattr(self, name)}")
         if padding not in ("replicate", "untouched"):
-            raise ValueError(f"padding must be 'replicate' or 'untouched', got {padding!r}")
+            raise BlockprepValueError(
+                f"padding must be 'replicate' or 'untouched', got {padding!r}"
+            )
         self.padding: Padding = padding
         batch = self.max_batch_size
         self.max_blocks = math.ceil(self.max_seq_len / self.page_size)
@@ -286,9 +288,9 @@ class QwenDecodePreparer:
         else:
             count = len(batch.request_ids) if batch.request_ids else int(batch.seq_lens.shape[0])
         if count <= 0:
-            raise ValueError("batch must contain at least one request")
+            raise BlockprepValueError("batch must contain at least one request")
         if count > self.max_batch_size:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"batch has {count} requests, but runtime max_batch_size is {self.max_batch_size}"
             )
         tokens = batch.token_ids
@@ -298,16 +300,16 @@ class QwenDecodePreparer:
         seq_count = batch.seq_lens.numel()
         if seq_count < count and not allocations:
             # upstream counts the seq_lens rows, and its token_ids reshape to them fails first
-            raise ValueError(
+            raise BlockprepValueError(
                 "decode token_ids must contain exactly one token per row, got shape "
                 f"{tuple(shape)} (decode seq_lens has {seq_count} rows for {count} request ids)"
             )
         if seq_count < count:
-            raise ValueError(f"decode seq_lens has {seq_count} rows, expected {count}")
+            raise BlockprepValueError(f"decode seq_lens has {seq_count} rows, expected {count}")
         if seq_count > count and not allocations:
             # upstream counts seq_lens rows when it has no kv_allocations: more seq_lens than
             # request ids contradict each other (with kv_allocations, extras are ignored)
-            raise ValueError(
+            raise BlockprepValueError(
                 f"decode seq_lens has {seq_count} rows, expected {count} (one per request id; "
                 "extra seq_lens rows are ignored only when kv_allocations set the batch size, "
                 "as upstream)"
@@ -417,14 +419,16 @@ class QwenDecodePreparer:
         for row, (seq_len, held) in enumerate(zip(seq_lens, lists, strict=False)):
             # upstream's checks, in its order, row by row
             if seq_len <= 0:
-                raise ValueError("decode seq_lens must be positive")
+                raise BlockprepValueError("decode seq_lens must be positive")
             if seq_len > max_seq_len:
-                raise ValueError(f"decode seq_len {seq_len} exceeds max_seq_len {max_seq_len}")
+                raise BlockprepValueError(
+                    f"decode seq_len {seq_len} exceeds max_seq_len {max_seq_len}"
+                )
             row_pages: Any = [] if held is None else held
             if type(row_pages) is not list:  # a set, a str, a scalar: TypeError, row named
                 _check_page_row(row, row_pages)
             if len(row_pages) > width:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"page_ids list length {len(row_pages)} exceeds block-table width {width}"
                 )
             position = seq_len - 1
@@ -622,9 +626,11 @@ class QwenDecodePreparer:
         width, page_size = self.max_blocks, self.page_size
         for row, seq_len in enumerate(seq.tolist()):
             if seq_len <= 0:
-                raise ValueError("decode seq_lens must be positive")
+                raise BlockprepValueError("decode seq_lens must be positive")
             if seq_len > self.max_seq_len:
-                raise ValueError(f"decode seq_len {seq_len} exceeds max_seq_len {self.max_seq_len}")
+                raise BlockprepValueError(
+                    f"decode seq_len {seq_len} exceeds max_seq_len {self.max_seq_len}"
+                )
             if rows is not None:
                 row_pages: Sequence[Any] = rows[row]
             elif row in items:
@@ -632,7 +638,7 @@ class QwenDecodePreparer:
             else:
                 row_pages = self._table.cached_ids(row) or []
             if len(row_pages) > width:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"page_ids list length {len(row_pages)} exceeds block-table width {width}"
                 )
             decode_slot(row, row_pages, seq_len, page_size)
@@ -695,13 +701,13 @@ def _adopted(
     if not buffers:
         return {}
     if device.type != "cpu":
-        raise ValueError(
+        raise BlockprepValueError(
             f"adopted buffers are the buffers the runtime reads: device must be 'cpu', "
             f"got {str(device)!r}"
         )
     unknown = [name for name in buffers if name not in QWEN3_PREPARED_ARGUMENTS]
     if unknown:
-        raise ValueError(
+        raise BlockprepValueError(
             f"unknown Qwen decode buffers {unknown}; upstream's names are "
             f"{list(QWEN3_PREPARED_ARGUMENTS)}"
         )
@@ -733,7 +739,7 @@ def _check_page_row(row: int, pages: object) -> None:
         or not isinstance(pages, (Sequence, np.ndarray, torch.Tensor))
         or getattr(pages, "ndim", 1) != 1
     ):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"decode row {row} page_ids must be a sequence of page ids, got {type(pages).__name__}"
         )
 
@@ -752,14 +758,14 @@ def _raise_token_shape(tokens: torch.Tensor, count: int) -> NoReturn:
     message = f"decode token_ids must contain exactly one token per row, got shape {shape}"
     if tokens.numel() == count:
         message += f" (expected [{count}] or [{count}, 1])"
-    raise ValueError(message)
+    raise BlockprepValueError(message)
 
 
 def _check_integer_dtype(values: torch.Tensor, name: str) -> None:
     """``TypeError`` unless ``values`` holds integers (a bool or float tensor would be cast:
     ``True`` -> 1, ``11.7`` -> 11)."""
     if not has_integer_dtype(values):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"decode {name} must be an integer tensor ([A] int32 or int64), got dtype "
             f"{values.dtype}"
         )

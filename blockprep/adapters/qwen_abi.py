@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
+from blockprep.errors import BlockprepValueError
 from blockprep.ids import as_int
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def qwen3_prepared_arguments(
         ("token_width", width),
     ):
         if value < 1:
-            raise ValueError(f"{name} must be positive, got {value}")
+            raise BlockprepValueError(f"{name} must be positive, got {value}")
     max_blocks = (seq + page - 1) // page
     shapes = {
         "seq_lens": (batch,),

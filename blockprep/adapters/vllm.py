@@ -31,6 +31,7 @@ import torch
 
 from blockprep.block_table import BlockTable, UnknownRowError
 from blockprep.buffers import DeviceMirror, host_tensor, torch_device
+from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import INT32_MAX, NEGATIVE_ID_MESSAGE, as_int, has_integer_dtype, is_integer_id
 
 PAD_SLOT_ID = -1
@@ -55,13 +56,13 @@ _ROW_COPY_LOOP_MAX = 8
 def _positive(value: object, name: str) -> int:
     number = as_int(value, name)
     if number < 1:
-        raise ValueError(f"{name} must be positive, got {number}")
+        raise BlockprepValueError(f"{name} must be positive, got {number}")
     return number
 
 
 def _kernel_block_size(block_size: int, kernel_block_size: int | None) -> None:
     if kernel_block_size is not None and kernel_block_size != block_size:
-        raise ValueError(
+        raise BlockprepValueError(
             f"kernel_block_size {kernel_block_size} differs from block_size {block_size}: "
             "hybrid kernel blocks are not supported"
         )
@@ -79,7 +80,7 @@ def _items(items: RowItems[_T], name: str) -> Iterable[tuple[int, _T]]:
 def _iterable(items: Any, name: str, what: str) -> Any:
     """``items`` when it is iterable (not a string); ``TypeError`` naming ``name`` otherwise."""
     if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise TypeError(f"{name} must be {what}, got {type(items).__name__}")
+        raise BlockprepTypeError(f"{name} must be {what}, got {type(items).__name__}")
     return items
 
 
@@ -108,32 +109,34 @@ def _checked_ids(where: str, ids: object, count: int, max_blocks: int) -> list[i
     else:
         if isinstance(ids, (np.ndarray, torch.Tensor)):
             if ids.ndim != 1:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"{where} block ids must be one-dimensional, got shape {tuple(ids.shape)}"
                 )
             if not has_integer_dtype(ids):
-                raise TypeError(
+                raise BlockprepTypeError(
                     f"{where} block ids have dtype {ids.dtype}; block IDs must be integers"
                 )
             raw: list[Any] = ids.tolist()
         elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             name = type(ids).__name__
-            raise TypeError(f"{where} block ids must be a sequence of ints, got {name}")
+            raise BlockprepTypeError(f"{where} block ids must be a sequence of ints, got {name}")
         else:
             raw = list(ids)
         values = []
         for x in raw:
             if not is_integer_id(x):
                 name = type(x).__name__
-                raise TypeError(f"{where} holds {x!r} of type {name}; block IDs must be integers")
+                raise BlockprepTypeError(
+                    f"{where} holds {x!r} of type {name}; block IDs must be integers"
+                )
             value = operator.index(x)
             if value < 0:
-                raise ValueError(f"{NEGATIVE_ID_MESSAGE} ({where}, id {value})")
+                raise BlockprepValueError(f"{NEGATIVE_ID_MESSAGE} ({where}, id {value})")
             if value > INT32_MAX:
-                raise ValueError(f"{where} holds block ID {value}, maximum is {INT32_MAX}")
+                raise BlockprepValueError(f"{where} holds block ID {value}, maximum is {INT32_MAX}")
             values.append(value)
     if count + len(values) > max_blocks:
-        raise ValueError(
+        raise BlockprepValueError(
             f"{where} would hold {count + len(values)} blocks, maximum is {max_blocks}"
         )
     return values
@@ -201,14 +204,14 @@ class VllmBlockTable:
         self.max_num_blocks_per_req = _positive(max_num_blocks_per_req, "max_num_blocks_per_req")
         self.max_num_batched_tokens = as_int(max_num_batched_tokens, "max_num_batched_tokens")
         if self.max_num_batched_tokens < 0:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"max_num_batched_tokens must be non-negative, got {self.max_num_batched_tokens}"
             )
         self.pin_memory = pin_memory
         try:
             self.device = torch_device(device)  # torch_npu imported first for "npu"
         except RuntimeError as error:  # a device string torch does not know
-            raise ValueError(f"device {device!r} is not a torch device: {error}") from None
+            raise BlockprepValueError(f"device {device!r} is not a torch device: {error}") from None
         self._table = BlockTable(
             self.max_num_reqs,
             self.max_num_blocks_per_req,
@@ -381,7 +384,7 @@ class VllmBlockTable:
     def _num_reqs(self, num_reqs: object) -> int:
         count = as_int(num_reqs, "num_reqs")
         if not 0 <= count <= self.max_num_reqs:
-            raise ValueError(f"num_reqs must be in [0, {self.max_num_reqs}], got {count}")
+            raise BlockprepValueError(f"num_reqs must be in [0, {self.max_num_reqs}], got {count}")
         return count
 
     def _token_arrays(
@@ -390,13 +393,13 @@ class VllmBlockTable:
         req, pos = np.asarray(req_indices), np.asarray(positions)
         for name, array in (("req_indices", req), ("positions", pos)):
             if array.ndim != 1 or not (array.size == 0 or np.issubdtype(array.dtype, np.integer)):
-                raise ValueError(
+                raise BlockprepValueError(
                     f"{name} must be a 1-D integer array, got shape {array.shape} of {array.dtype}"
                 )
         if len(req) != len(pos):
-            raise ValueError(f"{len(req)} req_indices but {len(pos)} positions")
+            raise BlockprepValueError(f"{len(req)} req_indices but {len(pos)} positions")
         if len(req) > self.max_num_batched_tokens:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"{len(req)} tokens exceed max_num_batched_tokens {self.max_num_batched_tokens}"
             )
         return req.astype(np.int64, copy=False), pos.astype(np.int64, copy=False)
@@ -412,7 +415,7 @@ class VllmBlockTable:
             return
         if int(req.min()) < 0 or int(req.max()) >= self.max_num_reqs:
             token = int(np.flatnonzero((req < 0) | (req >= self.max_num_reqs))[0])
-            raise IndexError(
+            raise BlockprepIndexError(
                 f"{where}token {token}: block-table row {int(req[token])} is out of range for a "
                 f"table of {self.max_num_reqs} rows"
             )
@@ -420,7 +423,7 @@ class VllmBlockTable:
         bad = (pos < 0) | (block >= held)
         if bad.any():
             token = int(np.flatnonzero(bad)[0])
-            raise ValueError(
+            raise BlockprepValueError(
                 f"{where}token {token}: position {int(pos[token])} of block-table row "
                 f"{int(req[token])} needs block {int(block[token])}, but the row holds "
                 f"{int(held[token])} blocks of {self.block_size} tokens"
@@ -451,15 +454,15 @@ def _step_deltas(
     append: dict[int, Any] = {}
     for row, ids in appended:
         if row in append:
-            raise ValueError(f"block-table row {row} appears more than once in appended")
+            raise BlockprepValueError(f"block-table row {row} appears more than once in appended")
         if ids is not None:
             append[row] = ids
     replaced: set[int] = set()
     for row, ids in added:
         if row in replaced:
-            raise ValueError(f"block-table row {row} appears more than once in added")
+            raise BlockprepValueError(f"block-table row {row} appears more than once in added")
         if row in append:
-            raise ValueError(f"block-table row {row} appears in both appended and added")
+            raise BlockprepValueError(f"block-table row {row} appears in both appended and added")
         replaced.add(row)
         truncate[row] = 0
         append[row] = ids
@@ -507,10 +510,10 @@ class VllmMultiGroupBlockTable:
     ) -> None:
         sizes = [_positive(size, "block size") for size in block_sizes]
         if not sizes:
-            raise ValueError("block_sizes must name at least one KV cache group")
+            raise BlockprepValueError("block_sizes must name at least one KV cache group")
         if kernel_block_sizes is not None:
             if len(kernel_block_sizes) != len(sizes):
-                raise ValueError(
+                raise BlockprepValueError(
                     f"kernel_block_sizes length ({len(kernel_block_sizes)}) must match "
                     f"block_sizes length ({len(sizes)})"
                 )
@@ -520,7 +523,7 @@ class VllmMultiGroupBlockTable:
         if max_num_blocks is None:
             max_num_blocks = [_cdiv(max_model_len, size) for size in sizes]
         if len(max_num_blocks) != len(sizes):
-            raise ValueError(
+            raise BlockprepValueError(
                 f"max_num_blocks length ({len(max_num_blocks)}) must match block_sizes length "
                 f"({len(sizes)})"
             )
@@ -608,7 +611,7 @@ class VllmMultiGroupBlockTable:
         groups = len(self.block_tables)
         for row, ids in [*appended_items, *added_items]:
             if ids is not None and len(ids) != groups:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"block-table row {row} has ids for {len(ids)} KV cache groups, "
                     f"expected {groups}"
                 )
@@ -671,12 +674,12 @@ class VllmMultiGroupBlockTable:
     def _group_ids(self, block_ids: GroupIds, row_idx: int, *, append: bool) -> list[list[int]]:
         row = self._row(row_idx)
         if isinstance(block_ids, (str, bytes)) or not isinstance(block_ids, Sequence):
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"block-table row {row}: block_ids must hold one id list per KV cache group, "
                 f"got {type(block_ids).__name__}"
             )
         if len(block_ids) != len(self.block_tables):
-            raise ValueError(
+            raise BlockprepValueError(
                 f"block-table row {row} has ids for {len(block_ids)} KV cache groups, "
                 f"expected {len(self.block_tables)}"
             )

@@ -89,7 +89,7 @@ class SubmitWorker(Protocol):
     def submit(self, compiled: Any, /, *args: Any) -> DispatchHandle: ...
 
 
-class PreparedArgumentError(ValueError):
+class PreparedArgumentError(BlockprepValueError):
     """A prepared argument is not what the runtime's chip workers can read: a torch tensor of the
     recorded dtype and shape, on the CPU, contiguous, in shared memory allocated before the fork.
     ``kernel``, ``name``, ``position``: the argument."""
@@ -163,7 +163,7 @@ def _overrides(
 def _clone_rows(buffer: object, rows: int, columns: int | None, name: str) -> torch.Tensor:
     """``buffer[:rows, :columns]`` copied (the buffer is rewritten by the next step)."""
     if not isinstance(buffer, torch.Tensor):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"the engine's {name} argument is a {type(buffer).__name__}, not a host tensor: "
             "nothing to read back (device sampling swaps it for device scratch)"
         )
@@ -272,7 +272,7 @@ class Qwen3RuntimeExecutor:
         """
         greedy = bool(getattr(batch, "allow_device_greedy_sampling", False))
         if getattr(batch, "allow_device_topk_sampling", False):
-            raise ValueError(
+            raise BlockprepValueError(
                 "device top-k sampling runs upstream's topk_select program after the decode, "
                 "which this executor does not dispatch"
             )
@@ -626,7 +626,7 @@ def _batch_rows(inputs: DeepSeekV4DecodeInputs, buffer: object, name: str) -> to
     """A per-rank ``[R, T, ...]`` output in batch order, each request's first token row
     (:meth:`DeepSeekV4DecodeInputs.gather_rows`: one gather, a copy)."""
     if not isinstance(buffer, torch.Tensor):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"the engine's {name} argument is a {type(buffer).__name__}, not a host tensor: "
             "nothing to read back"
         )

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import torch
 
 from blockprep.batch import DecodeResult
+from blockprep.errors import BlockprepValueError
 
 __all__ = [
     "PagedDecodeInputs",
@@ -93,13 +94,13 @@ class Qwen3Dims:
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise BlockprepValueError(f"{name} must be a positive int, got {value!r}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
             )
         if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+            raise BlockprepValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
 
 @dataclass(frozen=True)
@@ -186,13 +187,13 @@ class Qwen3Weights:
             sd[name] = value.detach().to(dtype=dtype, copy=True)
         layer_ids = sorted({int(m.group(1)) for k in sd if (m := _LAYER_RE.match(k))})
         if not layer_ids or layer_ids != list(range(len(layer_ids))):
-            raise ValueError(f"state_dict layers must be numbered 0..n-1, got {layer_ids}")
+            raise BlockprepValueError(f"state_dict layers must be numbered 0..n-1, got {layer_ids}")
 
         def take(name: str) -> torch.Tensor:
             try:
                 return sd.pop(name)
             except KeyError:
-                raise ValueError(f"state_dict is missing {name!r}") from None
+                raise BlockprepValueError(f"state_dict is missing {name!r}") from None
 
         embed = take("embed_tokens.weight")
         norm = take("norm.weight")
@@ -202,7 +203,7 @@ class Qwen3Weights:
             for i in layer_ids
         )
         if sd:
-            raise ValueError(f"state_dict has unexpected keys: {sorted(sd)}")
+            raise BlockprepValueError(f"state_dict has unexpected keys: {sorted(sd)}")
         first = layers[0]
         head_dim = int(first.q_norm.shape[0])
         dims = Qwen3Dims(
@@ -232,7 +233,7 @@ class Qwen3Weights:
             ("lm_head", self.lm_head, (d.vocab_size, d.hidden_size)),
         ]
         if len(self.layers) != d.num_layers:
-            raise ValueError(f"{len(self.layers)} layers given, dims say {d.num_layers}")
+            raise BlockprepValueError(f"{len(self.layers)} layers given, dims say {d.num_layers}")
         for i, w in enumerate(self.layers):
             expected += [
                 (f"layers.{i}.q_proj", w.q_proj, (q, d.hidden_size)),
@@ -253,7 +254,9 @@ class Qwen3Weights:
             ]
         for name, tensor, shape in expected:
             if tuple(tensor.shape) != shape:
-                raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {shape}")
+                raise BlockprepValueError(
+                    f"{name} has shape {tuple(tensor.shape)}, expected {shape}"
+                )
 
 
 def config_numbers(config: Any) -> tuple[float, float]:
@@ -264,10 +267,10 @@ def config_numbers(config: Any) -> tuple[float, float]:
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
     if theta is None:
-        raise ValueError("the config has no rope_theta")
+        raise BlockprepValueError("the config has no rope_theta")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
-        raise ValueError(f"RoPE type {rope_type!r} is not supported, only 'default'")
+        raise BlockprepValueError(f"RoPE type {rope_type!r} is not supported, only 'default'")
     return float(theta), float(config.rms_norm_eps)
 
 
@@ -287,7 +290,7 @@ def _numbers(
         ("rope_theta", rope_theta, theta),
     ):
         if given is not None and given != found:
-            raise ValueError(f"{name}={given} disagrees with the config's {found}")
+            raise BlockprepValueError(f"{name}={given} disagrees with the config's {found}")
     return eps, theta
 
 
@@ -305,7 +308,7 @@ def _check_config_dims(config: Any, dims: Qwen3Dims) -> None:
     for name, inferred in pairs:
         value = getattr(config, name, None)
         if value is not None and value != inferred:
-            raise ValueError(f"config {name}={value} but the state dict has {inferred}")
+            raise BlockprepValueError(f"config {name}={value} but the state dict has {inferred}")
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -341,7 +344,7 @@ class TorchPagedQwen3Executor:
 
     def __init__(self, weights: Qwen3Weights, *, num_pages: int, page_size: int) -> None:
         if num_pages <= 0 or page_size <= 0:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"num_pages and page_size must be positive, got {num_pages} and {page_size}"
             )
         weights.check_shapes()
@@ -429,16 +432,18 @@ class TorchPagedQwen3Executor:
         tokens = torch.as_tensor(token_ids).reshape(-1).to(torch.int64)
         n = int(tokens.numel())
         if n == 0:
-            raise ValueError("prefill needs at least one token")
+            raise BlockprepValueError("prefill needs at least one token")
         pages = [int(p) for p in page_ids]
         needed = -(-n // self.page_size)
         if len(pages) < needed:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"prefill of {n} tokens needs {needed} pages of {self.page_size}, got {len(pages)}"
             )
         for j, page in enumerate(pages[:needed]):
             if not 0 <= page < self.num_pages:
-                raise ValueError(f"prefill page_ids[{j}] = {page} outside [0, {self.num_pages})")
+                raise BlockprepValueError(
+                    f"prefill page_ids[{j}] = {page} outside [0, {self.num_pages})"
+                )
         self._check_tokens(tokens, "prefill token_ids")
         positions = torch.arange(n, dtype=torch.int64)
         table = torch.tensor(pages[:needed], dtype=torch.int64)
@@ -466,19 +471,21 @@ class TorchPagedQwen3Executor:
         batch = int(seq_lens.numel())
         actual = int(inputs.actual_batch)
         if batch == 0 or not 1 <= actual <= batch:
-            raise ValueError(f"actual_batch {actual} outside [1, {batch}]")
+            raise BlockprepValueError(f"actual_batch {actual} outside [1, {batch}]")
         token_buf = inputs.token_ids
         if token_buf.dim() != 2 or token_buf.shape[0] != batch or token_buf.shape[1] < 1:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"token_ids must be [{batch}, width >= 1], got {tuple(token_buf.shape)}"
             )
         tokens = token_buf[:, 0].to(torch.int64)
         slots = inputs.slot_mapping.reshape(-1).to(torch.int64)
         if slots.numel() != batch:
-            raise ValueError(f"slot_mapping has {slots.numel()} rows, expected {batch}")
+            raise BlockprepValueError(f"slot_mapping has {slots.numel()} rows, expected {batch}")
         flat = inputs.block_table.reshape(-1)
         if flat.numel() == 0 or flat.numel() % batch:
-            raise ValueError(f"block_table of {flat.numel()} ids is not {batch} equal rows")
+            raise BlockprepValueError(
+                f"block_table of {flat.numel()} ids is not {batch} equal rows"
+            )
         table = flat.view(batch, -1).to(torch.int64)
         max_blocks = int(table.shape[1])
 
@@ -486,18 +493,18 @@ class TorchPagedQwen3Executor:
         capacity = self.num_pages * self.page_size
         for r, (s, slot) in enumerate(zip(seq_lens.tolist(), slots.tolist(), strict=True)):
             if not 1 <= s <= max_blocks * self.page_size:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"row {r}: seq_len {s} outside [1, {max_blocks * self.page_size}] "
                     f"(max_blocks {max_blocks} x page_size {self.page_size})"
                 )
             if not 0 <= slot < capacity:
-                raise ValueError(f"row {r}: slot {slot} outside KV cache [0, {capacity})")
+                raise BlockprepValueError(f"row {r}: slot {slot} outside KV cache [0, {capacity})")
             needed = -(-s // self.page_size)
             row = table[r, :needed]
             bad = ((row < 0) | (row >= self.num_pages)).nonzero()
             if bad.numel():
                 j = int(bad[0, 0])
-                raise ValueError(
+                raise BlockprepValueError(
                     f"row {r}: block_table[{r}, {j}] = {int(row[j])} outside [0, "
                     f"{self.num_pages}) but seq_len {s} needs {needed} pages"
                 )
@@ -513,7 +520,7 @@ class TorchPagedQwen3Executor:
         bad = ((tokens < 0) | (tokens >= self.dims.vocab_size)).nonzero()
         if bad.numel():
             i = int(bad[0, 0])
-            raise ValueError(
+            raise BlockprepValueError(
                 f"{what}[{i}] = {int(tokens[i])} outside vocabulary [0, {self.dims.vocab_size})"
             )
 

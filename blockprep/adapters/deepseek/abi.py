@@ -36,6 +36,7 @@ import torch
 
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, INPUT_FIELDS, DeepSeekV4Layout
 from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 
 if TYPE_CHECKING:
     from blockprep.adapters.deepseek.inputs import DeepSeekV4DecodeInputs
@@ -204,7 +205,7 @@ def deepseek_v4_prepared_arguments(layout: DeepSeekV4Layout) -> dict[str, ArgSpe
         TypeError: ``layout`` is not a :class:`DeepSeekV4Layout`.
     """
     if not isinstance(layout, DeepSeekV4Layout):
-        raise TypeError(f"layout must be a DeepSeekV4Layout, got {type(layout).__name__}")
+        raise BlockprepTypeError(f"layout must be a DeepSeekV4Layout, got {type(layout).__name__}")
     R, b, T = layout.ranks, layout.decode_batch, layout.decode_tokens
     shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
         name: ((R, b, width), torch.int32) for name, width in DEEPSEEK_V4_TABLE_WIDTHS.items()
@@ -232,7 +233,7 @@ def deepseek_v4_argument_values(inputs: DeepSeekV4DecodeInputs) -> dict[str, tor
             ``9b1a264`` embeds ``input_ids`` on the device and takes no host embeddings.
     """
     if inputs.x_hc is not None:
-        raise ValueError(
+        raise BlockprepValueError(
             "l3_decode_fwd embeds input_ids on the device and has no x_hc argument; "
             'prepare with embedding="device"'
         )

@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
+from blockprep.errors import BlockprepValueError
 from blockprep.ids import as_int
 
 
@@ -46,9 +47,9 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
             return _replace(cached, request_ids=list(request_ids), occupants=now, row_of=row_of)
     A = len(request_ids)
     if A <= 0:
-        raise ValueError("DeepSeekV4 decode batch must not be empty")
+        raise BlockprepValueError("DeepSeekV4 decode batch must not be empty")
     if len(partitions) != A:
-        raise ValueError("DeepSeekV4 decode requires one cache partition per request")
+        raise BlockprepValueError("DeepSeekV4 decode requires one cache partition per request")
     R, b = layout.ranks, layout.decode_batch
     counts = [0] * R
     ranks: list[int] = []
@@ -56,10 +57,12 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
     for partition in partitions:
         rank = partition if type(partition) is int else _partition_index(partition)
         if not 0 <= rank < R:
-            raise ValueError(f"DeepSeekV4 decode cache partitions must be in [0, {R - 1}]")
+            raise BlockprepValueError(f"DeepSeekV4 decode cache partitions must be in [0, {R - 1}]")
         local = counts[rank]
         if local >= b:
-            raise ValueError(f"DeepSeekV4 rank {rank} decode batch exceeds local capacity {b}")
+            raise BlockprepValueError(
+                f"DeepSeekV4 rank {rank} decode batch exceeds local capacity {b}"
+            )
         counts[rank] = local + 1
         ranks.append(rank)
         rows.append(rank * b + local)

@@ -19,12 +19,13 @@ import torch
 from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4CacheGroup, DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 
 REPEAT_MESSAGE = "a grouped KV row must not repeat physical blocks"
 
 
 def _range_error(num_blocks: int, kernel_rows: int) -> ValueError:
-    return ValueError(
+    return BlockprepValueError(
         f"grouped KV block IDs must be in [0, {num_blocks}); [{num_blocks}, "
         f"{num_blocks + kernel_rows}) is reserved for kernel padding"
     )
@@ -44,7 +45,7 @@ def _sequence(ids: object, q: int, name: str) -> Sequence[Any]:
         values: list[Any] = ids.tolist()
         return values
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"decode row {q} group {name} must be a sequence of block IDs, got {type(ids).__name__}"
         )
     return ids
@@ -79,14 +80,16 @@ def _normalized(batch: DecodeBatch) -> list[dict[str, list[int]]]:
     result = []
     for q, row in enumerate(batch.block_ids_by_group):
         if not isinstance(row, Mapping):
-            raise TypeError(
+            raise BlockprepTypeError(
                 f"decode row {q} grouped KV blocks must map group names to block IDs, got "
                 f"{type(row).__name__}"
             )
         lists = {name: _sequence(row[name], q, name) for name in GROUP_NAMES if name in row}
         missing = [name for name in GROUP_NAMES if not lists.get(name)]
         if missing:
-            raise ValueError(f"decode row {q} is missing grouped KV blocks: {', '.join(missing)}")
+            raise BlockprepValueError(
+                f"decode row {q} is missing grouped KV blocks: {', '.join(missing)}"
+            )
         result.append({name: _integer_values(ids) for name, ids in lists.items()})
     return result
 
@@ -109,7 +112,7 @@ def upstream_error(
             for q in requests:
                 ids = normalized[q][group.name]
                 if len(set(ids)) != len(ids):
-                    return ValueError(REPEAT_MESSAGE)
+                    return BlockprepValueError(REPEAT_MESSAGE)
                 pool = group.num_blocks
                 assert pool is not None  # preparing needs a bound layout
                 if ids and (min(ids) < 0 or max(ids) >= pool):
@@ -118,7 +121,7 @@ def upstream_error(
             for local, q in enumerate(requests):
                 n = len(batch.block_ids_by_group[q][group.name])
                 if n > group.width:
-                    return ValueError(_length_message(group, local, n))
+                    return BlockprepValueError(_length_message(group, local, n))
     return None
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from blockprep.adapters.deepseek.layout import INPUT_FIELDS
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
 
 
@@ -72,10 +73,12 @@ class DeepSeekV4DecodeInputs:
             ValueError: ``output`` not ``[R, T, ...]``, or ``tokens`` out of range.
         """
         if not isinstance(output, torch.Tensor):
-            raise TypeError(f"kernel output must be a torch.Tensor, got {type(output).__name__}")
+            raise BlockprepTypeError(
+                f"kernel output must be a torch.Tensor, got {type(output).__name__}"
+            )
         R, T = self.input_ids.shape
         if output.ndim < 2 or tuple(output.shape[:2]) != (R, T):
-            raise ValueError(
+            raise BlockprepValueError(
                 f"kernel output must have shape [{R}, {T}, ...] (ranks, decode_tokens), got "
                 f"{list(output.shape)}"
             )
@@ -86,6 +89,6 @@ class DeepSeekV4DecodeInputs:
             return output[ranks, rows]
         n = as_int(tokens, "tokens")
         if not 1 <= n <= S:
-            raise ValueError(f"tokens must be in [1, {S}] (decode_seq), got {n}")
+            raise BlockprepValueError(f"tokens must be in [1, {S}] (decode_seq), got {n}")
         offsets = torch.arange(n, dtype=torch.long, device=output.device)
         return output[ranks[:, None], rows[:, None] + offsets]

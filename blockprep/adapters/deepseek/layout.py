@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
-from blockprep.errors import BlockprepTypeError
+from blockprep.errors import BlockprepRuntimeError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 
 GROUP_NAMES = (
@@ -145,18 +145,20 @@ class DeepSeekV4Layout:
         max_seq_len = as_int(max_seq_len, "max_seq_len")
         prefill = as_int(max_in_flight_prefill_tokens, "max_in_flight_prefill_tokens")
         if ranks <= 0:
-            raise ValueError(f"ranks must be positive, got {ranks}")
+            raise BlockprepValueError(f"ranks must be positive, got {ranks}")
         if decode_batch <= 0:
-            raise ValueError("decode_batch must be positive")
+            raise BlockprepValueError("decode_batch must be positive")
         if decode_seq <= 0:
-            raise ValueError(f"decode_seq must be positive, got {decode_seq}")
+            raise BlockprepValueError(f"decode_seq must be positive, got {decode_seq}")
         if max_seq_len <= 0:
-            raise ValueError("max_seq_len must be positive")
+            raise BlockprepValueError("max_seq_len must be positive")
         if prefill < 0:
-            raise ValueError(f"max_in_flight_prefill_tokens must be non-negative, got {prefill}")
+            raise BlockprepValueError(
+                f"max_in_flight_prefill_tokens must be non-negative, got {prefill}"
+            )
         source_blocks = math.ceil(max_seq_len / SOURCE_BLOCK_TOKENS)
         if source_blocks > COMPILED_SOURCE_BLOCKS:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"DeepSeekV4 max_seq_len={max_seq_len} needs {source_blocks} source-token blocks, "
                 f"but the compiled block tables support {COMPILED_SOURCE_BLOCKS}"
             )
@@ -169,14 +171,14 @@ class DeepSeekV4Layout:
         }
         for name, required in rings.items():
             if required > COMPILED_LIMITS[name]:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"DeepSeekV4 {name} cache needs {required} blocks per request to cover the "
                     "rolling history and in-flight prefill tokens, but the compiled block table "
                     f"supports {COMPILED_LIMITS[name]}"
                 )
         for name in GROUP_NAMES:  # upstream's check of each group's compiled table limit
             if COMPILED_LIMITS[name] <= decode_batch:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"DeepSeekV4 {name} cache needs more than {decode_batch} physical blocks"
                 )
         shapes: dict[str, tuple[Literal["ring", "paged"], int, int, int]] = {
@@ -227,7 +229,7 @@ class DeepSeekV4Layout:
         pools = {g.name: g.num_blocks for g in self._groups}
         bound = {name: n for name, n in pools.items() if n is not None}
         if len(bound) != len(pools):
-            raise RuntimeError(UNBOUND_MESSAGE)
+            raise BlockprepRuntimeError(UNBOUND_MESSAGE)
         return MappingProxyType(bound)
 
     def with_num_blocks(self, num_blocks: Mapping[str, int]) -> DeepSeekV4Layout:
@@ -263,7 +265,7 @@ class DeepSeekV4Layout:
         for group in self._groups:
             if group.name == name:
                 return group
-        raise ValueError(f"unknown DeepSeekV4 cache group: {name}")
+        raise BlockprepValueError(f"unknown DeepSeekV4 cache group: {name}")
 
     def __repr__(self) -> str:
         return (
@@ -297,7 +299,7 @@ def deepseek_v4_decode_layout(
     """
     k = as_int(num_speculative_tokens, "num_speculative_tokens")
     if k < 0:
-        raise ValueError("num_speculative_tokens must be non-negative")
+        raise BlockprepValueError("num_speculative_tokens must be non-negative")
     tokens = DECODE_TOKENS if k == 0 else MTP_DECODE_TOKENS
     seq = 1 if k == 0 else 2 if k == 1 else 4 if k <= 3 else 8
     return DeepSeekV4Layout(
@@ -316,22 +318,22 @@ def _pool_sizes(
     if num_blocks is None:
         return {name: decode_batch * count for name, count in per_request.items()}
     if not isinstance(num_blocks, Mapping):
-        raise TypeError(
+        raise BlockprepTypeError(
             f"num_blocks must map group names to block counts, got {type(num_blocks).__name__}"
         )
     for name in num_blocks:
         if name not in per_request:
-            raise ValueError(f"unknown DeepSeekV4 cache group: {name}")
+            raise BlockprepValueError(f"unknown DeepSeekV4 cache group: {name}")
     missing = [name for name in GROUP_NAMES if name not in num_blocks]
     if missing:
-        raise ValueError(f"num_blocks is missing cache groups: {', '.join(missing)}")
+        raise BlockprepValueError(f"num_blocks is missing cache groups: {', '.join(missing)}")
     pools = {}
     for name in GROUP_NAMES:
         count = as_int(num_blocks[name], f"num_blocks[{name!r}]")
         if count <= 0:
-            raise ValueError(f"num_blocks[{name!r}] must be positive, got {count}")
+            raise BlockprepValueError(f"num_blocks[{name!r}] must be positive, got {count}")
         if count + decode_batch - 1 > INT32_MAX:
-            raise ValueError(
+            raise BlockprepValueError(
                 f"num_blocks[{name!r}]={count}: scratch pages up to {count + decode_batch - 1} "
                 f"would pass the int32 maximum {INT32_MAX}"
             )

@@ -39,13 +39,14 @@ from blockprep.adapters.deepseek.rows import Mode
 from blockprep.adapters.kernel_abi import ArgSpec
 from blockprep.batch import DecodeBatch
 from blockprep.buffers import check_adopted, check_disjoint, claim_buffers, host_tensor
+from blockprep.errors import BlockprepRuntimeError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
 
 REQUEST_ORDER_MESSAGE = "prepared decode request order changed before execution"
 PARTITIONS_MESSAGE = "prepared decode cache partitions changed before execution"
 
 
-class SlotBusyError(RuntimeError):
+class SlotBusyError(BlockprepRuntimeError):
     """A call on a buffer slot that another thread is preparing or re-staging right now (raised
     at once, never waited for; ``slot`` names it)."""
 
@@ -132,14 +133,14 @@ def prepared_step(slot: Slot, number: int, batch: DecodeBatch) -> Prepared:
     """The step ``slot`` holds, for a re-stage of ``batch`` (upstream's checks)."""
     prepared = slot.prepared
     if prepared is None:
-        raise RuntimeError(
+        raise BlockprepRuntimeError(
             f"DeepSeekV4 decode buffer slot {number} holds no prepared step to re-stage "
             "(prepare it first; binding the pool sizes or invalidating forgets it)"
         )
     if tuple(batch.request_ids) != prepared.request_ids:
-        raise ValueError(REQUEST_ORDER_MESSAGE)
+        raise BlockprepValueError(REQUEST_ORDER_MESSAGE)
     if list(batch.cache_partitions) != prepared.partitions:
-        raise ValueError(PARTITIONS_MESSAGE)
+        raise BlockprepValueError(PARTITIONS_MESSAGE)
     return prepared
 
 
@@ -149,7 +150,9 @@ def prepared_step(slot: Slot, number: int, batch: DecodeBatch) -> Prepared:
 def slot_number(buffer_slot: object, slots: int) -> int:
     number = buffer_slot if type(buffer_slot) is int else as_slot(buffer_slot)
     if not 0 <= number < slots:
-        raise ValueError(f"decode buffer_slot must be {_slot_choices(slots)}, got {buffer_slot}")
+        raise BlockprepValueError(
+            f"decode buffer_slot must be {_slot_choices(slots)}, got {buffer_slot}"
+        )
     return number
 
 
@@ -157,7 +160,7 @@ def as_slot(buffer_slot: object) -> int:
     """``buffer_slot`` as an int: ``TypeError`` for anything but an integer (a tensor or array of
     one element included: it is no slot number)."""
     if isinstance(buffer_slot, (torch.Tensor, np.ndarray)) and buffer_slot.ndim != 0:
-        raise TypeError(
+        raise BlockprepTypeError(
             f"buffer_slot must be an integer, got a {type(buffer_slot).__name__} of shape "
             f"{list(buffer_slot.shape)}"
         )
@@ -282,17 +285,17 @@ def adopted(
     """Upstream's buffers, checked: per slot, every prepared argument by name, a contiguous,
     writable CPU tensor of the recorded dtype and shape; no two overlapping."""
     if isinstance(buffers, Mapping) or not isinstance(buffers, Sequence):
-        raise TypeError("buffers must be a sequence of mappings, one per buffer slot")
+        raise BlockprepTypeError("buffers must be a sequence of mappings, one per buffer slot")
     if len(buffers) != slots:
-        raise ValueError(f"buffers must hold {slots} buffer slots, got {len(buffers)}")
+        raise BlockprepValueError(f"buffers must hold {slots} buffer slots, got {len(buffers)}")
     adopted = []
     named: list[tuple[str, torch.Tensor]] = []
     for s, given in enumerate(buffers):
         if not isinstance(given, Mapping):
-            raise TypeError(f"buffers[{s}] must map kernel argument names to tensors")
+            raise BlockprepTypeError(f"buffers[{s}] must map kernel argument names to tensors")
         missing = [name for name in PREPARED_ARGUMENTS if name not in given]
         if missing:
-            raise ValueError(f"buffers[{s}] is missing {', '.join(missing)}")
+            raise BlockprepValueError(f"buffers[{s}] is missing {', '.join(missing)}")
         slot = {}
         for name in PREPARED_ARGUMENTS:
             tensor, where = given[name], f"buffers[{s}][{name!r}]"

@@ -14,7 +14,7 @@ import torch
 
 from blockprep.adapters.deepseek.rows import HOST_HIDDEN_MESSAGE, integer_array
 from blockprep.batch import DecodeBatch
-from blockprep.errors import BlockprepTypeError
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import has_integer_dtype
 
 
@@ -37,13 +37,13 @@ def accept_mtp_tokens(
     draft = integer_tensor(draft_token_ids, "draft_token_ids")
     width = 2 if draft.ndim <= 1 else draft.shape[1] + 1
     if main.ndim != 2 or main.shape[1] != width:
-        raise ValueError(
+        raise BlockprepValueError(
             f"main_token_ids must have shape [batch, {width}], got {tuple(main.shape)}"
         )
     batch = main.shape[0]
     count = draft.shape[0] if draft.ndim else 0
     if draft.ndim not in (1, 2) or count != batch:
-        raise ValueError(f"draft_token_ids must have {batch} entries, got {count}")
+        raise BlockprepValueError(f"draft_token_ids must have {batch} entries, got {count}")
     drafts = draft.reshape(batch, width - 1).tolist()
     accepted = []
     for target, proposed in zip(main.tolist(), drafts, strict=True):
@@ -62,7 +62,7 @@ def integer_tensor(values: object, name: str) -> torch.Tensor:
         )
     tensor = values if isinstance(values, torch.Tensor) else torch.as_tensor(values)
     if not has_integer_dtype(tensor):
-        raise TypeError(f"{name} must hold integer token ids, got dtype {tensor.dtype}")
+        raise BlockprepTypeError(f"{name} must hold integer token ids, got dtype {tensor.dtype}")
     return tensor
 
 
@@ -78,15 +78,15 @@ def speculative_batch(
     hidden = batch.hidden_states
     if host:
         if hidden is None:
-            raise ValueError(HOST_HIDDEN_MESSAGE)
+            raise BlockprepValueError(HOST_HIDDEN_MESSAGE)
         if draft_hidden_states is None:
-            raise ValueError('embedding="host" needs the drafts\' host embeddings')
+            raise BlockprepValueError('embedding="host" needs the drafts\' host embeddings')
         if tuple(draft_hidden_states.shape) != tuple(hidden.shape):
-            raise ValueError("MTP previous embeddings must align with draft embeddings")
+            raise BlockprepValueError("MTP previous embeddings must align with draft embeddings")
     A = len(batch.request_ids)
     drafts = integer_tensor(draft_token_ids, "draft_token_ids").reshape(-1)
     if drafts.numel() != A:
-        raise ValueError(f"draft_token_ids must have {A} entries, got {drafts.numel()}")
+        raise BlockprepValueError(f"draft_token_ids must have {A} entries, got {drafts.numel()}")
     integer_array(drafts, "draft_token_ids")  # uint64 above int64 would wrap
     current = batch.token_ids if batch.token_ids.ndim == 1 else batch.token_ids[:, 0]
     return DecodeBatch(

@@ -71,6 +71,7 @@ from blockprep.adapters.deepseek.verify import check_contract, verify_lists, ver
 from blockprep.batch import DecodeBatch, as_decode_batch
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import release_buffers
+from blockprep.errors import BlockprepRuntimeError, BlockprepTypeError, BlockprepValueError
 from blockprep.grouped import GroupedTables
 from blockprep.ids import as_int
 from blockprep.wire import DeltaCursor
@@ -158,22 +159,24 @@ class DeepSeekV4DecodePreparer:
         verify: bool = False,
     ) -> None:
         if not isinstance(layout, DeepSeekV4Layout):
-            raise TypeError(f"layout must be a DeepSeekV4Layout, got {type(layout).__name__}")
+            raise BlockprepTypeError(
+                f"layout must be a DeepSeekV4Layout, got {type(layout).__name__}"
+            )
         buffer_slots = as_int(buffer_slots, "buffer_slots")
         if buffer_slots <= 0:
-            raise ValueError(f"buffer_slots must be positive, got {buffer_slots}")
+            raise BlockprepValueError(f"buffer_slots must be positive, got {buffer_slots}")
         if embedding not in ("device", "host"):
-            raise ValueError(f"embedding must be 'device' or 'host', got {embedding!r}")
+            raise BlockprepValueError(f"embedding must be 'device' or 'host', got {embedding!r}")
         if embedding == "host":
             if hidden_size is None:
-                raise ValueError('embedding="host" requires hidden_size')
+                raise BlockprepValueError('embedding="host" requires hidden_size')
             hidden_size = as_int(hidden_size, "hidden_size")
             if hidden_size <= 0:
-                raise ValueError(f"hidden_size must be positive, got {hidden_size}")
+                raise BlockprepValueError(f"hidden_size must be positive, got {hidden_size}")
         elif hidden_size is not None:
-            raise ValueError('hidden_size applies only to embedding="host"')
+            raise BlockprepValueError('hidden_size applies only to embedding="host"')
         if buffers is not None and share_memory:
-            raise ValueError(
+            raise BlockprepValueError(
                 "share_memory applies only to allocated buffers; adopted buffers are used as "
                 "they are (allocate them in shared memory before the fork)"
             )
@@ -260,7 +263,7 @@ class DeepSeekV4DecodePreparer:
     def _grouped(self) -> GroupedTables:
         tables = self._tables
         if tables is None:
-            raise RuntimeError(UNBOUND_MESSAGE)
+            raise BlockprepRuntimeError(UNBOUND_MESSAGE)
         return tables
 
     def table_stats(self, buffer_slot: int) -> dict[str, BlockTableStats]:
@@ -295,7 +298,7 @@ class DeepSeekV4DecodePreparer:
 
     def _dirty(self, buffer_slot: int) -> set[int]:
         if not self._track:
-            raise ValueError(
+            raise BlockprepValueError(
                 "dirty ranks need DeepSeekV4DecodePreparer(..., track_dirty_ranks=True)"
             )
         number = self._slot_number(buffer_slot)
@@ -382,10 +385,10 @@ class DeepSeekV4DecodePreparer:
             if early:
                 early_device_only(self.embedding == "host")
             elif self.embedding == "host" and batch.hidden_states is None:
-                raise ValueError(HOST_HIDDEN_MESSAGE)
+                raise BlockprepValueError(HOST_HIDDEN_MESSAGE)
             assignment = self._assignment = assign(self.layout, batch, self._assignment)
             if early and max(assignment.counts) > 1:
-                raise ValueError(
+                raise BlockprepValueError(
                     "DeepSeekV4 non-MTP decode supports at most one request per DP rank"
                 )
             A = len(assignment.ranks)
@@ -432,7 +435,7 @@ class DeepSeekV4DecodePreparer:
                 mtp_inputs_present(batch, self.embedding == "host")
             layout = self.layout
             if layout.decode_seq != 2:
-                raise ValueError("DeepSeekV4 MTP verification requires decode_seq=2")
+                raise BlockprepValueError("DeepSeekV4 MTP verification requires decode_seq=2")
             assignment = self._assignment = assign(self.layout, batch, self._assignment)
             A = len(assignment.ranks)
             seq = checked_seq_lens(batch, A)
@@ -478,12 +481,14 @@ class DeepSeekV4DecodePreparer:
             batch = as_decode_batch(batch)
             self._grouped()
             if self.embedding == "host":
-                raise ValueError('prepare_mtp_target needs embedding="device"')
+                raise BlockprepValueError('prepare_mtp_target needs embedding="device"')
             A = len(batch.request_ids)
             rows = target_rows(self.layout, token_rows, positions, active_width, A)
             assignment = self._assignment = assign(self.layout, batch, self._assignment)
             if rows.active_seq < self.layout.decode_seq and max(assignment.counts) > 1:
-                raise ValueError("partial MTP target chunks require at most one request per rank")
+                raise BlockprepValueError(
+                    "partial MTP target chunks require at most one request per rank"
+                )
             seq = checked_seq_lens(batch, A)
             return self._stage(batch, assignment, buffer_slot, seq, rows, None, "target")
 
@@ -530,14 +535,14 @@ class DeepSeekV4DecodePreparer:
             hidden: Hidden | None = None
             if prepared.mode == "target":
                 if token_rows is None or positions is None:
-                    raise ValueError(
+                    raise BlockprepValueError(
                         "a slot prepared by prepare_mtp_target is re-staged with token_rows and "
                         "positions"
                     )
                 active_seq = prepared.inputs.active_seq
                 rows = target_rows(self.layout, token_rows, positions, active_seq, A)
             elif token_rows is not None or positions is not None:
-                raise ValueError(
+                raise BlockprepValueError(
                     "token_rows and positions apply only to a slot prepared by prepare_mtp_target"
                 )
             elif prepared.mode == "mtp":
@@ -546,7 +551,7 @@ class DeepSeekV4DecodePreparer:
                 hidden = self._hidden(batch, A, mtp=True)
             else:
                 if self.embedding == "host" and batch.hidden_states is None:
-                    raise ValueError(HOST_HIDDEN_MESSAGE)
+                    raise BlockprepValueError(HOST_HIDDEN_MESSAGE)
                 rows = decode_rows(self.layout, batch, seq, A)
                 hidden = self._hidden(batch, A, mtp=False)
             check_position(self.layout, batch, rows)
@@ -658,9 +663,9 @@ class DeepSeekV4DecodePreparer:
         grouped = batch.block_ids_by_group
         if batch.block_deltas is None:
             if not grouped:
-                raise ValueError("DeepSeekV4 requires grouped KV block IDs")
+                raise BlockprepValueError("DeepSeekV4 requires grouped KV block IDs")
             if len(grouped) != A:
-                raise ValueError(
+                raise BlockprepValueError(
                     f"grouped KV metadata has {len(grouped)} rows, expected decode batch {A}"
                 )
         check_position(self.layout, batch, rows)

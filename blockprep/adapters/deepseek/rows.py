@@ -21,7 +21,7 @@ from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.checks import normalization_error, raise_first
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
-from blockprep.errors import BlockprepTypeError
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int, has_integer_dtype
 
 INT64_MAX = 2**63 - 1
@@ -50,13 +50,13 @@ def checked_seq_lens(batch: DecodeBatch, A: int) -> npt.NDArray[np.int64]:
     extra trailing entries are ignored); fewer than ``A``, or not 1-D, is refused."""
     seq = integer_array(batch.seq_lens, "seq_lens")
     if seq.ndim != 1 or seq.shape[0] < A:
-        raise ValueError(f"decode seq_lens must have shape [{A}], got {list(seq.shape)}")
+        raise BlockprepValueError(f"decode seq_lens must have shape [{A}], got {list(seq.shape)}")
     return seq[:A]
 
 
 def one_per_rank(layout: DeepSeekV4Layout, assignment: Assignment) -> None:
     if layout.decode_seq != 1 and max(assignment.counts) > 1:
-        raise ValueError(
+        raise BlockprepValueError(
             "DeepSeekV4 non-MTP decode supports at most one request per DP rank; the fixed "
             "S=2 kernel can expose only one cache-safe active token per rank"
         )
@@ -64,7 +64,7 @@ def one_per_rank(layout: DeepSeekV4Layout, assignment: Assignment) -> None:
 
 def early_device_only(host: bool) -> None:
     if host:
-        raise ValueError(
+        raise BlockprepValueError(
             'early prepare (placeholder tokens) needs embedding="device": host embeddings '
             "of unknown tokens cannot be staged"
         )
@@ -73,11 +73,11 @@ def early_device_only(host: bool) -> None:
 def mtp_inputs_present(batch: DecodeBatch, host: bool) -> None:
     if host:
         if batch.hidden_states is None:
-            raise ValueError(HOST_HIDDEN_MESSAGE)
+            raise BlockprepValueError(HOST_HIDDEN_MESSAGE)
         if batch.prev_token_ids is None or batch.prev_hidden_states is None:
-            raise ValueError(MTP_PREVIOUS_MESSAGE)
+            raise BlockprepValueError(MTP_PREVIOUS_MESSAGE)
     elif batch.prev_token_ids is None:
-        raise ValueError(MTP_PREVIOUS_MESSAGE)
+        raise BlockprepValueError(MTP_PREVIOUS_MESSAGE)
 
 
 def placeholder(layout: DeepSeekV4Layout, A: int, active_seq: int) -> Rows:
@@ -91,7 +91,7 @@ def decode_rows(
 ) -> Rows:
     """The standard step: ``token_ids[i]`` at ``seq_len - 1``, over ``decode_seq``."""
     if int(seq.min()) < 1:
-        raise ValueError("decode seq_lens must be positive")
+        raise BlockprepValueError("decode seq_lens must be positive")
     tokens = token_column(batch.token_ids, A, "token_ids")
     S = layout.decode_seq
     return Rows(np.repeat(tokens[:, None], S, axis=1), np.repeat((seq - 1)[:, None], S, axis=1), 1)
@@ -103,7 +103,7 @@ def mtp_rows(
     """MTP verification: ``[prev, current]`` at ``(seq_len - 2, seq_len - 1)``."""
     shortest = int(seq.min())
     if shortest < layout.decode_seq:
-        raise ValueError(
+        raise BlockprepValueError(
             f"decode seq_lens must be >= MTP sequence width ({layout.decode_seq}), got {shortest}"
         )
     previous = token_column(batch.prev_token_ids, A, "prev_token_ids")
@@ -118,21 +118,21 @@ def target_rows(
     S = layout.decode_seq
     ragged = _ragged(token_rows)
     if ragged is not None:
-        raise ValueError(f"MTP target token rows must have shape {(A, S)}, got {ragged}")
+        raise BlockprepValueError(f"MTP target token rows must have shape {(A, S)}, got {ragged}")
     tokens = integer_array(token_rows, "MTP target token rows")
     if tokens.shape != (A, S):
-        raise ValueError(
+        raise BlockprepValueError(
             f"MTP target token rows must have shape {(A, S)}, got {tuple(tokens.shape)}"
         )
     width = as_int(active_width, "active_width")
     if not 1 <= width <= S:
-        raise ValueError("MTP target active width must fit the fixed decode sequence")
+        raise BlockprepValueError("MTP target active width must fit the fixed decode sequence")
     if isinstance(positions, (torch.Tensor, np.ndarray)):
         places = integer_array(positions, "MTP target positions")
         aligned = places.shape == (A, S)
     else:
         if not isinstance(positions, Sequence):
-            raise TypeError("MTP target positions must be a sequence of position rows")
+            raise BlockprepTypeError("MTP target positions must be a sequence of position rows")
         aligned = len(positions) == A and all(
             isinstance(row, (Sequence, np.ndarray, torch.Tensor)) and len(row) == S
             for row in positions
@@ -143,11 +143,11 @@ def target_rows(
             else np.zeros((A, S), dtype=np.int64)
         )
     if not aligned:
-        raise ValueError("MTP target positions must align with the fixed decode sequence")
+        raise BlockprepValueError("MTP target positions must align with the fixed decode sequence")
     places = places.reshape(A, S)
     if places.size and int(places.min()) < 0:
         q, p = divmod(int(np.argmin(places)), S)
-        raise ValueError(
+        raise BlockprepValueError(
             f"MTP target positions must not be negative: row {q} holds {int(places[q, p])} at "
             f"token {p}"
         )
@@ -184,7 +184,7 @@ def token_column(values: torch.Tensor | None, A: int, name: str) -> npt.NDArray[
     if tokens.ndim == 2 and tokens.shape[0] == A and tokens.shape[1] >= 1:
         return tokens[:, 0]
     if tokens.shape != (A,):
-        raise ValueError(
+        raise BlockprepValueError(
             f"decode {name} must have shape [{A}] or [{A}, k], got {list(tokens.shape)}"
         )
     return tokens
@@ -200,12 +200,12 @@ def host_hidden(
         return None
     expected = (A, hidden_size)
     if tuple(hidden.shape) != expected:
-        raise ValueError(
+        raise BlockprepValueError(
             f"hidden_states must have shape {list(expected)}, got {list(hidden.shape)}"
         )
     previous = batch.prev_hidden_states
     if mtp and (previous is None or tuple(previous.shape) != expected):
-        raise ValueError("MTP previous embeddings must align with draft embeddings")
+        raise BlockprepValueError("MTP previous embeddings must align with draft embeddings")
     return host_float(hidden, "hidden_states"), (
         None if not mtp or previous is None else host_float(previous, "prev_hidden_states")
     )
@@ -215,7 +215,9 @@ def check_position(layout: DeepSeekV4Layout, batch: DecodeBatch, rows: Rows) -> 
     position = int(rows.positions.max()) if rows.positions.size else 0
     if position >= layout.max_seq_len:
         raise_first(normalization_error(batch))
-        raise ValueError(f"decode position {position} exceeds max_seq_len={layout.max_seq_len}")
+        raise BlockprepValueError(
+            f"decode position {position} exceeds max_seq_len={layout.max_seq_len}"
+        )
 
 
 def host_float(states: torch.Tensor, name: str) -> torch.Tensor:
@@ -223,7 +225,7 @@ def host_float(states: torch.Tensor, name: str) -> torch.Tensor:
     try:
         return states.detach().to("cpu", torch.float32)
     except (RuntimeError, NotImplementedError) as error:
-        raise ValueError(f"{name} cannot be copied to the host: {error}") from None
+        raise BlockprepValueError(f"{name} cannot be copied to the host: {error}") from None
 
 
 def integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
@@ -231,10 +233,10 @@ def integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
     if type(values) is torch.Tensor and values.dtype == torch.int64 and values.is_cpu:
         return values.numpy()  # the common case: a CPU int64 tensor, read in place
     if values is None:
-        raise ValueError(f"decode {name} are missing")
+        raise BlockprepValueError(f"decode {name} are missing")
     array = values if isinstance(values, torch.Tensor) else np.asarray(values)
     if not has_integer_dtype(array):
-        raise TypeError(f"decode {name} must be integers, got dtype {array.dtype}")
+        raise BlockprepTypeError(f"decode {name} must be integers, got dtype {array.dtype}")
     if isinstance(array, torch.Tensor):
         if array.is_meta:
             raise BlockprepTypeError(f"decode {name} is a meta tensor (no data to read)")
@@ -245,7 +247,7 @@ def integer_array(values: object, name: str) -> npt.NDArray[np.int64]:
         if over.size:  # astype would wrap them to negative ids
             where = np.unravel_index(int(over[0]), array.shape)
             row = int(where[0]) if where else 0
-            raise ValueError(
+            raise BlockprepValueError(
                 f"decode {name} must fit int64: row {row} holds {int(flat[over[0]])}, above "
                 f"{INT64_MAX}"
             )

@@ -23,6 +23,7 @@ from blockprep.adapters.deepseek.checks import raise_first, upstream_error
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
 from blockprep.adapters.deepseek.lifecycle import Slot
 from blockprep.batch import DecodeBatch
+from blockprep.errors import BlockprepValueError
 from blockprep.grouped import BlockIdValueError, GroupedStep, GroupedTables, TableGroup
 from blockprep.wire import DeltaCursor, DeltaMessageError
 
@@ -99,7 +100,9 @@ def plan_deltas(
     on once the step is committed)."""
     seq, rows = cursor.check(message)
     if batch.block_ids_by_group:
-        raise ValueError("a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both")
+        raise BlockprepValueError(
+            "a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both"
+        )
     by_name: dict[str, dict[int, Any]] = {name: {} for name in GROUP_NAMES}
     if rows:
         row_of = assignment.row_of
