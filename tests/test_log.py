@@ -52,7 +52,8 @@ def test_a_rejected_qwen_batch_is_one_warning_with_its_reason(
     assert records(caplog) == [
         (
             logging.WARNING,
-            f"QwenDecodePreparer.prepare rejected a batch: ValueError: {error.value}",
+            f"QwenDecodePreparer.prepare rejected a batch: {type(error.value).__name__}: "
+            f"{error.value}",
         )
     ]
 
@@ -111,7 +112,8 @@ def test_every_deepseek_entry_point_logs_its_rejection_once(
     assert records(caplog) == [
         (
             logging.WARNING,
-            f"DeepSeekV4DecodePreparer.{where} rejected a batch: ValueError: {error.value}",
+            f"DeepSeekV4DecodePreparer.{where} rejected a batch: {type(error.value).__name__}: "
+            f"{error.value}",
         )
     ]
 
