@@ -22,7 +22,6 @@ time.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn, TypeVar
@@ -41,9 +40,8 @@ from blockprep.ids import (
     check_max_blocks,
     check_pad,
     id_list,
-    is_integer_id,
-    row_values,
 )
+from blockprep.row_checks import convert, raise_row
 from blockprep.row_deltas import RowDeltas, RowItems, row_items
 from blockprep.wire import SET, TRUNCATE
 
@@ -53,17 +51,8 @@ IdsLike = Sequence[int] | npt.NDArray[Any] | torch.Tensor
 """Block ids or positions: a list, a tuple, a 1-D integer NumPy array or tensor."""
 
 _WRITE_METHODS = (
-    "write_row",
-    "write_rows",
-    "commit",
-    "copy_row",
-    "fill_rows",
-    "swap_rows",
-    "clear_row",
-    "append",
-    "set_ids",
-    "truncate",
-    "apply_deltas",
+    *("write_row", "write_rows", "commit", "copy_row", "fill_rows", "swap_rows", "clear_row"),
+    *("append", "set_ids", "truncate", "apply_deltas"),
 )
 """The methods that write the buffer: ``verify=True`` checks the table after each."""
 
@@ -188,7 +177,7 @@ class BlockTable:
         self._stay = list(range(num_rows))  # every row's ids come from the row itself
         self._counts = np.zeros((num_rows, 1), dtype=np.int32)  # the kernel writes the lengths
         self._lengths: npt.NDArray[np.int32] = self._counts[:, 0]
-        empty, _ = self._kernel.stage([], [], self._stay, _convert)
+        empty, _ = self._kernel.stage([], [], self._stay, convert)
         assert empty is not None
         self._empty = empty  # a plan of no change
         self._kernel.forget(-1)  # an adopted buffer: rows unknown, cells left as they are
@@ -272,7 +261,7 @@ class BlockTable:
         if type(row) is not int or not 0 <= row < self._num_rows:
             row = self._row_index(row)
         listed = ids if type(ids) is list else self._listed(row, ids)
-        plan, fault = self._kernel.stage([row], [listed], self._stay, _convert)
+        plan, fault = self._kernel.stage([row], [listed], self._stay, convert)
         if fault is not None or (self._ring and not listed):
             self._raise_rows([row], [listed], fault)
         if not plan:
@@ -297,7 +286,7 @@ class BlockTable:
         lists: list[list[Any]] = (
             batch if set(map(type, batch)) == {list} else self._lists(rows, batch)  # type: ignore[assignment]
         )
-        plan, fault = self._kernel.stage(None if every else rows, lists, self._stay, _convert)
+        plan, fault = self._kernel.stage(None if every else rows, lists, self._stay, convert)
         if fault is not None or (self._ring and not all(lists)):
             self._raise_rows(rows, lists, fault)
         written = self._render(plan, True)[0] if plan else 0
@@ -328,7 +317,7 @@ class BlockTable:
         except (TypeError, ValueError, IndexError):
             self._check_listed(rows, lists)  # an earlier row's bad ids come first
             raise
-        plan, fault = self._kernel.stage(rows, lists, self._stay, _convert)
+        plan, fault = self._kernel.stage(rows, lists, self._stay, convert)
         if fault is not None or (self._ring and not all(lists)):
             self._raise_rows(rows, lists, fault)
         assert plan is not None
@@ -359,7 +348,7 @@ class BlockTable:
             stay = self._stay
             stay[dst] = src
             try:
-                plan, _ = kernel.stage_ops([dst], _NO_OPS, stay, _convert)
+                plan, _ = kernel.stage_ops([dst], _NO_OPS, stay, convert)
             finally:
                 stay[dst] = dst
             if not plan:
@@ -609,7 +598,7 @@ class BlockTable:
                 stay[dst] = src
             try:
                 dst_rows = [dst for dst, _ in held]
-                plan, fault = kernel.stage_ops(dst_rows, [None] * len(held), stay, _convert)
+                plan, fault = kernel.stage_ops(dst_rows, [None] * len(held), stay, convert)
             finally:
                 for dst, _ in held:
                     stay[dst] = dst
@@ -655,7 +644,7 @@ class BlockTable:
 
     def _check_listed(self, rows: list[int], lists: list[list[Any]]) -> None:
         """Raise the error of the first bad row among ``rows`` (lists), if any."""
-        _, fault = self._kernel.stage(rows, lists, self._stay, _convert)
+        _, fault = self._kernel.stage(rows, lists, self._stay, convert)
         if fault is not None or (self._ring and not all(lists)):
             self._raise_rows(rows, lists, fault)
 
@@ -668,35 +657,9 @@ class BlockTable:
         raise AssertionError(f"the kernel refused rows that the checks take: {fault}")
 
     def _raise_row(self, row: int, ids: object) -> NoReturn:
-        """The builders' error for row ``row``'s ids (under the id rule); only for ids the
-        kernel refused, so it always raises."""
-        key = id_list(ids)
-        held = self._kernel.held(row)
-        if key is not None and held:
-            ids = _as_held(key, held)
-        row_values(row, ids, self._max_blocks, self._kind)
-        raise AssertionError(f"block-table row {row}: the kernel refused ids the checks take")
+        """The builders' error for row ``row``'s ids (:func:`blockprep.row_checks.raise_row`)."""
+        raise_row(row, ids, self._kernel.held(row), self._max_blocks, self._kind)
 
 
 _NO_OPS = [None]
 """``stage_ops`` items of one row that holds what its source row holds (never mutated)."""
-
-
-def _convert(x: object) -> int | None:
-    """A changed id that is not a plain int: an integer converted, anything else ``None``."""
-    return operator.index(x) if is_integer_id(x) else None  # type: ignore[arg-type]
-
-
-def _as_held(key: list[Any], held: list[int]) -> list[Any]:
-    """``key`` with each non-int scalar that equals the held id at its position by value
-    replaced by that held int (``[1.0, 2, 5.0]`` over ``[1, 2, 3]``: ``[1, 2, 5.0]``)."""
-    result = list(key)
-    for i, (x, old) in enumerate(zip(key, held, strict=False)):
-        if type(x) is int or getattr(x, "ndim", 0) != 0 or isinstance(x, (list, tuple)):
-            continue
-        try:
-            if bool(x == old):
-                result[i] = old
-        except (TypeError, ValueError, RuntimeError):
-            continue
-    return result

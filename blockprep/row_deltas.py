@@ -28,6 +28,7 @@ from blockprep.ids import (
     has_integer_dtype,
     is_integer_id,
 )
+from blockprep.row_checks import convert
 from blockprep.wire import APPEND, SET, TRUNCATE
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class RowDeltas:
             self._known(row)
             ids = self._ids(row, ids)
         kernel = table._kernel
-        plan, fault = kernel.stage_ops([row], [[[APPEND, ids]]], table._stay, _convert_id)
+        plan, fault = kernel.stage_ops([row], [[[APPEND, ids]]], table._stay, convert)
         if fault is not None:  # the checks pick the message
             length = self._known(row)
             check_length(row, length + len(self._ids(row, ids)), table.max_blocks, table.kind)
@@ -108,7 +109,7 @@ class RowDeltas:
         for value in values:
             if type(value) is not int and (type(value) is not list or not _plain(value)):
                 return 0
-        plan, fault = table._kernel.stage_ops([row], [[op]], table._stay, _convert_id)
+        plan, fault = table._kernel.stage_ops([row], [[op]], table._stay, convert)
         if fault is not None or not plan:
             return 0
         return self._commit(plan, 1, [row])
@@ -154,7 +155,7 @@ class RowDeltas:
             return 0
         rows = list(entries)
         items = [entry.ops for entry in entries.values()]
-        plan, fault = table._kernel.stage_ops(rows, items, table._stay, _convert_id)
+        plan, fault = table._kernel.stage_ops(rows, items, table._stay, convert)
         assert fault is None, fault  # every delta was checked above
         return self._commit(plan, len(rows))
 
@@ -179,9 +180,7 @@ class RowDeltas:
                 entry.append([APPEND, ids])
         if not ops:
             return 0
-        plan, fault = table._kernel.stage_ops(
-            list(ops), list(ops.values()), table._stay, _convert_id
-        )
+        plan, fault = table._kernel.stage_ops(list(ops), list(ops.values()), table._stay, convert)
         if fault is not None:
             return None
         return self._commit(plan, len(ops))
@@ -308,11 +307,6 @@ class RowDeltas:
 def _plain(ids: list[Any]) -> bool:
     """Whether ``ids`` are plain ints in ``[0, INT32_MAX]`` (decided in C-level passes)."""
     return not ids or (set(map(type, ids)) == _INT_ONLY and min(ids) >= 0 and max(ids) <= INT32_MAX)
-
-
-def _convert_id(x: object) -> int | None:
-    """A changed id that is not a plain int: an integer converted, anything else ``None``."""
-    return operator.index(x) if is_integer_id(x) else None  # type: ignore[arg-type]
 
 
 def _delta_id(label: str, row: int, x: object) -> int:
