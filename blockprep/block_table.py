@@ -32,7 +32,12 @@ import torch
 
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.engine import GroupKernel
-from blockprep.errors import BlockprepIndexError, BlockprepRuntimeError, BlockprepValueError
+from blockprep.errors import (
+    BlockprepIndexError,
+    BlockprepRuntimeError,
+    BlockprepTypeError,
+    BlockprepValueError,
+)
 from blockprep.ids import (
     INT32_MAX,
     Kind,
@@ -275,6 +280,10 @@ class BlockTable:
 
         All-or-nothing: every row is checked before the first one is written.
         """
+        if not isinstance(rows_ids, list) and not isinstance(rows_ids, Iterable):
+            raise BlockprepTypeError(
+                f"rows_ids must be a sequence of id rows, got {type(rows_ids).__name__}"
+            )
         batch = rows_ids if isinstance(rows_ids, list) else list(rows_ids)
         if not batch:
             return 0
