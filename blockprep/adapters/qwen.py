@@ -28,27 +28,33 @@ import numpy.typing as npt
 import torch
 
 from blockprep import log
-from blockprep.adapters.qwen_abi import QWEN3_PREPARED_ARGUMENTS, qwen3_prepared_arguments
+from blockprep.adapters.qwen_batch import (
+    INTEGER_DTYPES,
+    adopted_buffers,
+    check_integer_dtype,
+    check_page_row,
+    int64_values,
+    page_lists,
+    raise_token_shape,
+    rows_of,
+    tensor_values,
+)
+from blockprep.adapters.qwen_verify import check_against_rebuild, verified_lists
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
 from blockprep.buffers import (
     DeviceMirror,
-    check_adopted,
-    check_disjoint,
     claim_buffers,
     host_tensor,
     torch_device,
     wait_host_free,
 )
-from blockprep.errors import BlockprepTypeError, BlockprepValueError
-from blockprep.ids import INT32_MAX, NOT_ID_ROWS, as_int, has_integer_dtype
+from blockprep.errors import BlockprepValueError
+from blockprep.ids import INT32_MAX, as_int
 from blockprep.reference import QwenDecodePrep97
 from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
-from blockprep.verify import check_buffer, rows_and_columns
 from blockprep.wire import DeltaCursor, DeltaMessageError, apply_ops
-
-INT64_MAX = 2**63 - 1
 
 SAMPLED_IDS_PAD = 8
 """Token columns of upstream's compiled Qwen decode program today. Upstream reads it from the
@@ -156,7 +162,7 @@ class QwenDecodePreparer:
         batch = self.max_batch_size
         self.max_blocks = math.ceil(self.max_seq_len / self.page_size)
         device = torch_device(device)  # torch_npu imported before "npu" is parsed or pinned
-        adopted = _adopted(
+        adopted = adopted_buffers(
             buffers, batch, self.max_seq_len, self.page_size, sampled_ids_pad, device
         )
         if share_memory is None:
@@ -296,7 +302,7 @@ class QwenDecodePreparer:
         tokens = batch.token_ids
         shape = tokens.shape
         if shape != (count,) and shape != (count, 1):
-            _raise_token_shape(tokens, count)
+            raise_token_shape(tokens, count)
         seq_count = batch.seq_lens.numel()
         if seq_count < count and not allocations:
             # upstream counts the seq_lens rows, and its token_ids reshape to them fails first
@@ -314,9 +320,9 @@ class QwenDecodePreparer:
                 "extra seq_lens rows are ignored only when kv_allocations set the batch size, "
                 "as upstream)"
             )
-        if tokens.dtype not in _INTEGER_DTYPES or batch.seq_lens.dtype not in _INTEGER_DTYPES:
-            _check_integer_dtype(batch.seq_lens, "seq_lens")
-            _check_integer_dtype(tokens, "token_ids")
+        if tokens.dtype not in INTEGER_DTYPES or batch.seq_lens.dtype not in INTEGER_DTYPES:
+            check_integer_dtype(batch.seq_lens, "seq_lens")
+            check_integer_dtype(tokens, "token_ids")
         message = getattr(batch, "block_deltas", None)  # upstream's DecodeBatch has none
         if message is not None and getattr(batch, "block_ids", None):  # as DeepSeek's
             raise BlockprepValueError("a Qwen batch carries block_ids or block_deltas, not both")
@@ -325,14 +331,14 @@ class QwenDecodePreparer:
             return self._prepare_small(batch, count, step)
         rows: Sequence[Sequence[int]] | None
         if message is None:  # by value: every row is written (a hit costs one comparison)
-            block_ids = _page_lists(batch)
-            rows = block_ids if len(block_ids) == count else _rows_of(block_ids, count)
+            block_ids = page_lists(batch)
+            rows = block_ids if len(block_ids) == count else rows_of(block_ids, count)
             items: Any = enumerate(rows)
             try:
                 row_lengths = list(map(len, rows))
             except TypeError:  # a row with no length: name it
                 for row, ids in enumerate(rows):
-                    _check_page_row(row, ids)
+                    check_page_row(row, ids)
                 raise
             too_long = max(row_lengths) > self.max_blocks
             lengths: npt.NDArray[Any] = np.array(row_lengths)
@@ -347,8 +353,8 @@ class QwenDecodePreparer:
                 for row, ids in items.items():
                     lengths[row] = len(ids)
                     too_long |= len(ids) > self.max_blocks
-        seq = _int64(batch.seq_lens, count)
-        token_values = _int64(tokens, count)
+        seq = int64_values(batch.seq_lens, count)
+        token_values = int64_values(tokens, count)
         page_size = self.page_size
         position = seq - 1
         column = position // page_size
@@ -399,8 +405,8 @@ class QwenDecodePreparer:
         """A small batch (by value, or the rows a checked message ``step`` changes): upstream's
         checks row by row in Python, which beats the fixed cost of the array checks below
         ``row_loop_max`` rows; same results and errors."""
-        seq_lens = _values(batch.seq_lens, count)
-        block_ids, width, page_size = _page_lists(batch), self.max_blocks, self.page_size
+        seq_lens = tensor_values(batch.seq_lens, count)
+        block_ids, width, page_size = page_lists(batch), self.max_blocks, self.page_size
         table, max_seq_len = self._table, self.max_seq_len
         page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
         items = None if step is None else step.items
@@ -409,7 +415,7 @@ class QwenDecodePreparer:
         slots: list[int] = [] if fast is None else fast
         lists: Sequence[Sequence[Any] | None]
         if items is None:
-            lists = block_ids if len(block_ids) == count else _rows_of(block_ids, count)
+            lists = block_ids if len(block_ids) == count else rows_of(block_ids, count)
         elif fast is not None:  # every row passed: nothing left to check row by row
             lists = []
         else:  # the rows as the table holds them, the message's changes patched in
@@ -426,7 +432,7 @@ class QwenDecodePreparer:
                 )
             row_pages: Any = [] if held is None else held
             if type(row_pages) is not list:  # a set, a str, a scalar: TypeError, row named
-                _check_page_row(row, row_pages)
+                check_page_row(row, row_pages)
             if len(row_pages) > width:
                 raise BlockprepValueError(
                     f"page_ids list length {len(row_pages)} exceeds block-table width {width}"
@@ -439,7 +445,7 @@ class QwenDecodePreparer:
             else:  # raises what upstream's row check raises, or converts a NumPy integer
                 slots.append(decode_slot(row, row_pages, seq_len, page_size))
             pages.append(row_pages)
-        token_values = _values(batch.token_ids, count)
+        token_values = tensor_values(batch.token_ids, count)
         self._tokens.check_tokens(token_values)
         if items is None:
             wait_host_free(*self._mirrors.values(), self._table_mirror)  # step N-1 copies done
@@ -491,45 +497,13 @@ class QwenDecodePreparer:
         """:meth:`prepare`, then every buffer against a from-scratch rebuild (``verify=True``)."""
         inputs = QwenDecodePreparer.prepare(self, batch)
         count = inputs.actual_batch
-        message = getattr(batch, "block_deltas", None)
-        lists: list[list[int]]
-        if message is None:
-            source = _page_lists(batch)
-            lists = [
-                [int(x) for x in source[row]] if row < len(source) else [] for row in range(count)
-            ]
-            requests = list(batch.request_ids)
-            self._verify_lists = dict(zip(requests, lists, strict=True)) if requests else {}
-        else:  # the lists the message makes of the verifier's own, never the table's
-            held = {} if message["base"] is None else self._verify_lists
-            ops_by_request = message["rows"]
-            lists = []
-            for request in batch.request_ids:
-                ops = ops_by_request.get(request)
-                ids = held[request] if ops is None else apply_ops(ops, held.get(request))
-                lists.append([int(x) for x in ids])
-            self._verify_lists = dict(zip(batch.request_ids, lists, strict=True))
+        lists = verified_lists(batch, count, self._verify_lists)
+        requests = list(batch.request_ids)
+        self._verify_lists = dict(zip(requests, lists, strict=True)) if requests else {}
         self._table.verify()
         rebuilt = QwenDecodePrep97(
             self.max_batch_size, self.max_seq_len, self.page_size, self.token_width
         )
-        rebuilt.prepare(
-            DecodeBatch(
-                request_ids=[str(row) for row in range(count)],
-                token_ids=torch.tensor(batch.token_ids.reshape(-1)[:count].tolist()),
-                hidden_states=None,
-                seq_lens=torch.tensor(batch.seq_lens.reshape(-1)[:count].tolist()),
-                block_ids=lists,
-            )
-        )
-        rows = self.max_batch_size if self.padding == "replicate" else count
-        width = self.max_blocks
-        expected = {
-            "token_ids": rebuilt.token_ids,
-            "seq_lens": rebuilt.seq_lens,
-            "block_table": rebuilt.block_table.view(-1, width),
-            "slot_mapping": rebuilt.slot_mapping,
-        }
         sets = [("host", self.buffers())]
         if not self._table_mirror.is_host:
             device = {
@@ -539,14 +513,8 @@ class QwenDecodePreparer:
                 "slot_mapping": inputs.slot_mapping,
             }
             sets.append(("device", device))
-        for where, buffers in sets:
-            for name, want in expected.items():
-                got = buffers[name]
-                if name == "block_table":
-                    got = got.view(-1, width)
-                check_buffer(
-                    f"Qwen decode ({where})", name, got[:rows], want[:rows], rows_and_columns
-                )
+        rows = self.max_batch_size if self.padding == "replicate" else count
+        check_against_rebuild(rebuilt, batch, lists, rows, self.max_blocks, sets)
         return inputs
 
     def reset(self) -> None:
@@ -687,133 +655,12 @@ class QwenDecodePreparer:
         return inputs
 
 
-def _adopted(
-    buffers: Mapping[str, torch.Tensor] | None,
-    batch: int,
-    max_seq_len: int,
-    page_size: int,
-    width: int,
-    device: torch.device,
-) -> dict[str, torch.Tensor]:
-    """``buffers`` checked against the recorded ABI (upstream's argument names, int32, shapes),
-    contiguous, on the CPU, writable and disjoint (:func:`~blockprep.buffers.check_adopted`,
-    :func:`~blockprep.buffers.check_disjoint`); nothing is adopted unless every one passes."""
-    if not buffers:
-        return {}
-    if device.type != "cpu":
-        raise BlockprepValueError(
-            f"adopted buffers are the buffers the runtime reads: device must be 'cpu', "
-            f"got {str(device)!r}"
-        )
-    unknown = [name for name in buffers if name not in QWEN3_PREPARED_ARGUMENTS]
-    if unknown:
-        raise BlockprepValueError(
-            f"unknown Qwen decode buffers {unknown}; upstream's names are "
-            f"{list(QWEN3_PREPARED_ARGUMENTS)}"
-        )
-    specs = qwen3_prepared_arguments(batch, max_seq_len, page_size, width)
-    adopted: dict[str, torch.Tensor] = {}
-    for name in QWEN3_PREPARED_ARGUMENTS:
-        if name not in buffers:
-            continue
-        tensor = buffers[name]
-        specs[name].check(tensor)
-        adopted[name] = check_adopted(tensor, name)
-    check_disjoint(adopted)  # seq_lens and slot_mapping as one tensor, a slot_mapping in the table
-    return adopted
-
-
 class _DeltaStep(NamedTuple):
     """A checked message: its number, each request's row, the new ids of the rows it changes."""
 
     seq: int
     rows: dict[Hashable, int]
     items: dict[int, Any]
-
-
-def _check_page_row(row: int, pages: object) -> None:
-    """``TypeError`` naming the row unless ``pages`` is an ordered sequence of ids (a list,
-    tuple, or 1-D array or tensor; not a set, dict, string or bytes-like object)."""
-    if (
-        isinstance(pages, NOT_ID_ROWS)
-        or not isinstance(pages, (Sequence, np.ndarray, torch.Tensor))
-        or getattr(pages, "ndim", 1) != 1
-    ):
-        raise BlockprepTypeError(
-            f"decode row {row} page_ids must be a sequence of page ids, got {type(pages).__name__}"
-        )
-
-
-_INTEGER_DTYPES = frozenset(
-    {torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64}
-    | {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
-)
-
-
-def _raise_token_shape(tokens: torch.Tensor, count: int) -> NoReturn:
-    """Token ids must be ``[A]`` or ``[A, 1]`` (upstream's message; upstream's ``reshape(A,
-    -1)`` also let ``[1, A]`` and other shapes of ``A`` tokens through, which would hide a
-    transposed batch)."""
-    shape = tuple(tokens.shape)
-    message = f"decode token_ids must contain exactly one token per row, got shape {shape}"
-    if tokens.numel() == count:
-        message += f" (expected [{count}] or [{count}, 1])"
-    raise BlockprepValueError(message)
-
-
-def _check_integer_dtype(values: torch.Tensor, name: str) -> None:
-    """``TypeError`` unless ``values`` holds integers (a bool or float tensor would be cast:
-    ``True`` -> 1, ``11.7`` -> 11)."""
-    if not has_integer_dtype(values):
-        raise BlockprepTypeError(
-            f"decode {name} must be an integer tensor ([A] int32 or int64), got dtype "
-            f"{values.dtype}"
-        )
-
-
-def _page_lists(batch: DecodeBatch) -> Sequence[Sequence[int]]:
-    """Each row's pages, upstream's priority: ``kv_allocations[i].page_ids``, else
-    ``block_ids[i]``."""
-    allocations = getattr(batch, "kv_allocations", None)
-    if not allocations:
-        block_ids: Sequence[Sequence[int]] = getattr(batch, "block_ids", None) or []
-        return block_ids
-    return [allocation.page_ids for allocation in allocations]
-
-
-def _rows_of(block_ids: Sequence[Sequence[int]], count: int) -> list[Sequence[int]]:
-    """The first ``count`` page lists, ``[]`` for rows past the end (upstream's default)."""
-    return [block_ids[row] if row < len(block_ids) else [] for row in range(count)]
-
-
-def _values(values: torch.Tensor, count: int) -> list[Any]:
-    """The first ``count`` values of a tensor as Python numbers (a 1-D tensor of ``count``
-    values directly: reshaping and slicing a tensor cost more than the conversion)."""
-    if values.ndim == 1 and values.shape[0] == count:
-        listed: list[Any] = values.tolist()
-        return listed
-    flat: list[Any] = values.reshape(-1)[:count].tolist()
-    return flat
-
-
-_INT64 = np.dtype(np.int64)
-
-
-def _int64(values: torch.Tensor, count: int) -> npt.NDArray[np.int64]:
-    """A tensor's first ``count`` values, flattened, as int64 NumPy (a view when it can be;
-    other dtypes cast as upstream's int32 copy did, without its wrap-around)."""
-    try:
-        array = values.numpy()
-    except (RuntimeError, TypeError):  # on a device, or needing grad, or no NumPy dtype
-        array = values.detach().cpu().to(torch.int64).numpy()
-    flat: npt.NDArray[Any] = array.reshape(-1)[:count]
-    if flat.dtype is _INT64 or flat.dtype == _INT64:
-        return flat
-    if flat.dtype.kind not in "iu":
-        flat = torch.from_numpy(np.ascontiguousarray(flat)).to(torch.int64).numpy()
-    if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:  # saturate, never wrap to negative
-        flat = np.minimum(flat, np.uint64(INT64_MAX))
-    return flat.astype(np.int64)
 
 
 class QwenDecodeAdapter:
