@@ -1436,7 +1436,7 @@ def run_child(name: str) -> str:
         [sys.executable, "-c", code, compiled().__file__],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # a child under PYTHONMALLOC=debug on a loaded 2-core machine
         env=env,
         check=False,
     )
