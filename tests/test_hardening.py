@@ -183,6 +183,8 @@ READ_ONLY_SCRIPT = textwrap.dedent(
     import mmap, sys, tempfile, warnings
     import numpy as np, torch
     import blockprep
+    from blockprep.adapters.qwen import QwenDecodePreparer
+    from blockprep.grouped import GroupedTables, TableGroup
     from blockprep.slots import paged_slot_mapping
     warnings.simplefilter("ignore")  # torch warns that a read-only array gives a tensor
     f = tempfile.TemporaryFile()
@@ -190,6 +192,17 @@ READ_ONLY_SCRIPT = textwrap.dedent(
     f.flush()
     memory = mmap.mmap(f.fileno(), 1 << 16, access=mmap.ACCESS_READ)
     ro = torch.from_numpy(np.frombuffer(memory, dtype=np.int32))
+
+    def grouped():  # on 9ea27c1 a SIGSEGV at the first commit
+        groups = [TableGroup("x", "ring", 4, id_limit=100)]
+        counts = torch.zeros(3, 1, dtype=torch.int32)
+        g = GroupedTables(groups, 3, buffers=[({"x": ro[:12].view(3, 4)}, counts)])
+        g.commit(g.plan([[[1, 2]], [[3]], [[4]]], ["a", "b", "c"]), 0)
+
+    def qwen():
+        buffers = {"seq_lens": torch.zeros(2, dtype=torch.int32), "slot_mapping": ro[:2]}
+        QwenDecodePreparer(2, 16, 4, buffers=buffers)
+
     cases = {
         "ring": lambda: blockprep.ring_block_table([[1, 2]], 8, out=ro[:16].view(2, 8)[:1]),
         "paged": lambda: blockprep.paged_block_table([[1, 2]], 8, out=ro[:8].view(1, 8)),
@@ -199,6 +212,8 @@ READ_ONLY_SCRIPT = textwrap.dedent(
         "bytes array": lambda: blockprep.ring_block_table(
             [[1]], 4, out=np.frombuffer(bytes(16), dtype=np.int32).reshape(1, 4)
         ),
+        "grouped": grouped,
+        "qwen": qwen,
     }
     for name, case in cases.items():
         try:
@@ -228,6 +243,8 @@ def test_read_only_memory_is_a_clean_error_not_a_crash() -> None:
         "block_table": "buffer is read-only memory",
         "tokens": "buffer is read-only memory",
         "bytes array": "out is read-only",
+        "grouped": "buffers[0]['x'] is read-only memory",
+        "qwen": "slot_mapping is read-only memory",
     }
 
 
