@@ -12,7 +12,8 @@ setup(
     ext_modules=[
         Extension(
             "blockprep.engine._kernel",
-            sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c"],
+            sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c",
+                     "blockprep/engine/marks.c"],
             depends=["blockprep/engine/kernel.h"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,

@@ -10,6 +10,7 @@
  *                                longest row so far, at most width, so the state stays compact)
  *   lens  [rows]         int32   how many (-1: unknown)
  *   marks [slots * rows * MARK]  per slot and row: mode, count, p0..p3 (SPAN: p0 = lo, p1 = hi)
+ *   dirty [slots * words]        per slot, a bit per row whose mark is not CLEAN (marks.c)
  * A plan is a bytes object of int32 records: row, n, mode, count, p0..p3, then the n new ids.
  * commit() validates every record and both buffers before its first write, so a plan that is
  * not one this kernel staged is a ValueError, never an out-of-bounds write.
@@ -95,19 +96,9 @@ static void kernel_dealloc(GroupKernel *self)
     PyMem_Free(self->lens);
     PyMem_Free(self->checked);
     PyMem_Free(self->marks);
+    PyMem_Free(self->dirty);
     PyMem_Free(self->stamps);
     Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static void mark_all(GroupKernel *self, Py_ssize_t slot)
-{
-    Py_ssize_t first = slot < 0 ? 0 : slot, last = slot < 0 ? self->slots : slot + 1;
-    for (Py_ssize_t s = first; s < last; s++)
-        for (Py_ssize_t r = 0; r < self->rows; r++) {
-            int32_t *mk = self->marks + (s * self->rows + r) * MARK;
-            mk[0] = WHOLE;
-            mk[1] = 0;
-        }
 }
 
 static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
@@ -161,12 +152,14 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     int32_t *lens = PyMem_Malloc(sizeof(int32_t) * (size_t)(rows + 1));
     uint8_t *checked = PyMem_Calloc((size_t)rows + 1, 1);
     int32_t *marks = PyMem_Malloc(sizeof(int32_t) * (size_t)(slots * rows * MARK + 1));
+    uint64_t *dirty = PyMem_Calloc((size_t)(slots * BK_WORDS(rows) + 1), sizeof(uint64_t));
     uint32_t *stamps = limit <= STAMP_LIMIT ? PyMem_Calloc((size_t)limit, sizeof(uint32_t)) : NULL;
-    if (!held || !lens || !checked || !marks || (limit <= STAMP_LIMIT && !stamps)) {
+    if (!held || !lens || !checked || !marks || !dirty || (limit <= STAMP_LIMIT && !stamps)) {
         PyMem_Free(held);
         PyMem_Free(lens);
         PyMem_Free(checked);
         PyMem_Free(marks);
+        PyMem_Free(dirty);
         PyMem_Free(stamps);
         PyErr_NoMemory();
         return -1;
@@ -175,11 +168,13 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     PyMem_Free(self->lens);
     PyMem_Free(self->checked);
     PyMem_Free(self->marks);
+    PyMem_Free(self->dirty);
     PyMem_Free(self->stamps);
     self->held = held;
     self->lens = lens;
     self->checked = checked;
     self->marks = marks;
+    self->dirty = dirty;
     self->stamps = stamps;
     self->generation = 0;
     self->stride = stride;
@@ -193,7 +188,7 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     self->slots = (Py_ssize_t)slots;
     for (Py_ssize_t r = 0; r < self->rows; r++)
         self->lens[r] = -1;
-    mark_all(self, -1);
+    bk_mark_all(self, -1);
     return 0;
 }
 
@@ -255,68 +250,6 @@ static PyObject *kernel_length(GroupKernel *self, PyObject *arg)
 
 /* ---- commit ---------------------------------------------------------------------------------- */
 
-static void mark_span(const int32_t *mk, int32_t *lo, int32_t *hi)
-{
-    if (mk[0] == SPAN) {
-        *lo = mk[2];
-        *hi = mk[3];
-        return;
-    }
-    *lo = mk[2];
-    *hi = mk[2] + 1;
-    for (int32_t i = 1; i < mk[1]; i++) {
-        if (mk[2 + i] < *lo)
-            *lo = mk[2 + i];
-        if (mk[2 + i] + 1 > *hi)
-            *hi = mk[2 + i] + 1;
-    }
-}
-
-/* A slot's mark after another change (mode, count, positions) of its row: as twin._merged. */
-static void merge(int32_t *mk, const int32_t *change, int ring)
-{
-    int32_t mode = change[0];
-    if (mk[0] == CLEAN) {
-        memcpy(mk, change, sizeof(int32_t) * MARK);
-        return;
-    }
-    if (mk[0] == WHOLE || mode == WHOLE) {
-        mk[0] = WHOLE;
-        mk[1] = 0;
-        return;
-    }
-    if (mk[0] == POSITIONS && mode == POSITIONS) {
-        int32_t u[2 * MAX_POSITIONS];
-        int32_t k = 0;
-        for (int32_t i = 0; i < mk[1]; i++)
-            u[k++] = mk[2 + i];
-        for (int32_t i = 0; i < change[1]; i++) {
-            int seen = 0;
-            for (int32_t j = 0; j < mk[1]; j++)
-                seen |= mk[2 + j] == change[2 + i];
-            if (!seen)
-                u[k++] = change[2 + i];
-        }
-        if (k <= MAX_POSITIONS) {
-            mk[1] = k;
-            memcpy(mk + 2, u, sizeof(int32_t) * (size_t)k);
-            return;
-        }
-        if (ring) {
-            mk[0] = WHOLE;
-            mk[1] = 0;
-            return;
-        }
-    }
-    int32_t lo, hi, lo2, hi2;
-    mark_span(mk, &lo, &hi);
-    mark_span(change, &lo2, &hi2);
-    mk[0] = SPAN;
-    mk[1] = 0;
-    mk[2] = lo < lo2 ? lo : lo2;
-    mk[3] = hi > hi2 ? hi : hi2;
-}
-
 /* Row r of the table: dst[j] = ids[j % n] by a doubling copy (the filled prefix, a multiple of
  * n long, copied onwards). */
 static void tile(int32_t *dst, const int32_t *ids, Py_ssize_t n, Py_ssize_t width)
@@ -337,8 +270,12 @@ static long long render(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_s
     const Py_ssize_t W = self->width;
     long long cells = 0;
     *count = 0;
-    for (Py_ssize_t r = 0; r < self->rows; r++) {
+    uint64_t *dirty = self->dirty + slot * BK_WORDS(self->rows);
+    for (Py_ssize_t w = 0; w < BK_WORDS(self->rows); w++) /* the marked rows, in row order */
+    for (uint64_t bits = dirty[w]; bits; bits &= bits - 1) {
+        Py_ssize_t r = w * 64 + __builtin_ctzll(bits);
         int32_t *mk = self->marks + (slot * self->rows + r) * MARK;
+        dirty[w] &= ~((uint64_t)1 << (r % 64));
         if (mk[0] == CLEAN)
             continue;
         int32_t *row = table + r * W;
@@ -473,8 +410,7 @@ static PyObject *kernel_commit(GroupKernel *self, PyObject *args)
         self->checked[r] = (h[2] & CHECKED) != 0;
         cnt[(Py_ssize_t)r * groups + column] = n;
         int32_t change[MARK] = {h[2] & ~CHECKED, h[3], h[4], h[5], h[6], h[7]};
-        for (Py_ssize_t s = 0; s < self->slots; s++)
-            merge(self->marks + (s * self->rows + r) * MARK, change, self->ring);
+        bk_mark_row(self, r, change);
         at += HEADER + n;
     }
     Py_ssize_t rows_written;
@@ -493,12 +429,12 @@ static PyObject *kernel_invalidate(GroupKernel *self, PyObject *arg)
     if (bk_busy(self))
         return NULL;
     if (PyLong_CheckExact(arg) && exact_value(arg) == -1) {
-        mark_all(self, -1);
+        bk_mark_all(self, -1);
         Py_RETURN_NONE;
     }
     if (bk_int_arg(arg, "slot", 0, self->slots, &slot) < 0)
         return NULL;
-    mark_all(self, (Py_ssize_t)slot);
+    bk_mark_all(self, (Py_ssize_t)slot);
     Py_RETURN_NONE;
 }
 
@@ -508,7 +444,7 @@ static PyObject *kernel_reset(GroupKernel *self, PyObject *unused)
         return NULL;
     for (Py_ssize_t r = 0; r < self->rows; r++)
         self->lens[r] = -1;
-    mark_all(self, -1);
+    bk_mark_all(self, -1);
     Py_RETURN_NONE;
 }
 
@@ -554,8 +490,7 @@ static PyObject *kernel_clear(GroupKernel *self, PyObject *arg)
         }
         self->lens[r] = 0;
         self->checked[r] = 0;
-        for (Py_ssize_t s = 0; s < self->slots; s++)
-            merge(self->marks + (s * self->rows + r) * MARK, change, self->ring);
+        bk_mark_row(self, r, change);
     }
     Py_RETURN_NONE;
 }
@@ -568,11 +503,7 @@ static PyObject *kernel_forget(GroupKernel *self, PyObject *arg)
     for (Py_ssize_t r = first; r < last; r++) {
         self->lens[r] = -1;
         self->checked[r] = 0;
-        for (Py_ssize_t s = 0; s < self->slots; s++) {
-            int32_t *mk = self->marks + (s * self->rows + r) * MARK;
-            mk[0] = CLEAN;
-            mk[1] = 0;
-        }
+        bk_unmark_row(self, r);
     }
     Py_RETURN_NONE;
 }

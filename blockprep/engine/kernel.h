@@ -22,6 +22,7 @@ enum { CLEAN = 0, POSITIONS = 1, SPAN = 2, WHOLE = 3 };
 #define CHECKED 16 /* record mode flag: a request's row, checked (padding rows are trusted) */
 #define STAMP_LIMIT (1 << 22) /* pools up to this many ids get a stamp table (16 MiB at most) */
 #define MAX_SLOTS (1 << 16)
+#define BK_WORDS(rows) (((rows) + 63) / 64) /* uint64 words of a per-slot row bitmap */
 #define BIG LLONG_MIN /* stands for an int beyond int64: out of every range */
 
 typedef struct {
@@ -36,6 +37,7 @@ typedef struct {
     int32_t *lens;
     uint8_t *checked; /* rows: the held ids were checked as a request's (so hold no repeats) */
     int32_t *marks;
+    uint64_t *dirty; /* [slots * BK_WORDS(rows)] a row's bit: its mark is not CLEAN (marks.c) */
     uint32_t *stamps;    /* [limit] generation stamps for the repeat check (NULL: limit too big) */
     uint32_t generation;
     int busy; /* inside stage or stage_ops: a callback calling back in is refused */
@@ -70,6 +72,9 @@ int bk_int_arg(PyObject *x, const char *name, long long lo, long long hi, long l
 PyObject *bk_fault(int code, Py_ssize_t row, PyObject *value);
 int bk_grow_held(GroupKernel *self, Py_ssize_t n);
 int bk_init_tags(void);
+void bk_mark_row(GroupKernel *self, Py_ssize_t r, const int32_t *change);
+void bk_mark_all(GroupKernel *self, Py_ssize_t slot);
+void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
 PyObject *bk_stage(GroupKernel *self, PyObject *args);
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
 
