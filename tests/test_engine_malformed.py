@@ -51,14 +51,7 @@ STAY = list(range(ROWS))  # srcs: every row keeps its request
 HUGE = list(range(10**6))  # ids of a row far past any width
 
 # Found when this file was written: (the kernels it affects, "c" and/or "py", what happens).
-KNOWN: dict[str, tuple[str, str]] = {
-    "prepass_eq": (
-        "py",
-        "stage(None, ...) compares every list with its held ids first (operator.ne): an id "
-        "whose __eq__ shrinks the list runs there, the row is then staged shrunk (a LENGTH "
-        "fault or a plan) instead of the RuntimeError",
-    ),
-}
+KNOWN: dict[str, tuple[str, str]] = {}
 
 
 def backend(K: type) -> str:

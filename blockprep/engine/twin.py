@@ -149,6 +149,7 @@ class GroupKernel:
         with self._staging():
             order: Sequence[int] = range(visits)
             if rows is None and self._plain(lists, srcs):
+                sizes = list(map(len, lists))
                 try:  # the unchanged rows, found by one C-level comparison of the lists
                     differ = list(map(operator.ne, lists, self._held))
                     order = [
@@ -158,6 +159,7 @@ class GroupKernel:
                     ]
                 except Exception:  # an id that does not compare: every row decided by itself
                     pass
+                _same_lengths(lists, sizes)  # an id's __eq__ may have changed a row
             plan: list[_Change] = []
             for i in order:
                 _same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
@@ -555,6 +557,15 @@ class GroupKernel:
         )
         block[np.arange(self.width) < lengths[:, None]] = flat
         table[rows] = block
+
+
+def _same_lengths(lists: list[list[Any]], sizes: list[int]) -> None:
+    """``RuntimeError`` naming the first row whose list no longer holds ``sizes`` ids (the
+    compiled kernel's error for a row changed under a comparison while it was planned)."""
+    now = list(map(len, lists))
+    if len(now) == len(sizes) and now != sizes:  # the step itself changed: the row loop says
+        r = next(r for r, (a, b) in enumerate(zip(now, sizes, strict=True)) if a != b)
+        raise RuntimeError(f"row {r} changed while it was planned")
 
 
 def _one_set(ops: object, held: list[int]) -> tuple[int, int] | None:
