@@ -1,82 +1,207 @@
-"""Packed block-delta messages: one bytes payload of int32 records (issue 17, step 1).
+"""Packed block-delta messages: one bytes payload of int32 records.
 
-A message is ``{"v": 1, "seq": int, "base": int | None, "count": int, "crc": int,
-"data": bytes}``; ``data`` is little-endian int32 records, each ``kind, group, row, n`` then
-``n`` values (kind 3, set: ``n`` positions then ``n`` ids; kind 4, truncate: ``n`` is the
-length kept and no values follow). ``row`` is the request's index in
-``DecodeBatch.request_ids``; ``crc`` is ``zlib.crc32(data)``. :func:`unpack` turns a message
-into :mod:`blockprep.wire`'s plain message, so the existing delta path applies it.
+A message is a plain dict, so pickle, msgpack and msgspec carry it unchanged::
+
+    {"v": 1,               # VERSION
+     "seq": 7,             # this message's number (as blockprep.wire's messages)
+     "base": 6,            # the message it builds on; None: every request whole
+     "count": 3,           # how many records data holds
+     "crc": 123456789,     # checksum(seq, base, count, data)
+     "data": b"..."}       # little-endian int32 records, back to back
+
+A record is four int32 words ``kind, group, row, n`` then its values:
+
+==========  ====  =======================  ==================================================
+kind        code  values                   meaning
+==========  ====  =======================  ==================================================
+whole       1     ``n`` ids                the row's ids are these (a new request: first)
+append      2     ``n`` ids                these ids appended
+set         3     ``n`` positions, ``n``   ``ids[i]`` at ``positions[i]`` (a ring slot)
+                  ids
+truncate    4     none                     the first ``n`` ids kept
+==========  ====  =======================  ==================================================
+
+``row`` is the request's index in ``DecodeBatch.request_ids``; ``group`` the cache group's index
+(in the preparer's group order; ``0`` in a flat, one-list-per-request message). A row's records
+apply in message order to what its request held as of ``base``, exactly as the same
+:mod:`blockprep.wire` operations (:func:`unpack` gives them), with the same resync rules.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from blockprep.wire import APPEND, SET, TRUNCATE, WHOLE, DeltaMessageError
 
-KINDS = {1: WHOLE, 2: APPEND, 3: SET, 4: TRUNCATE}
-"""Record kind -> wire operation tag."""
+VERSION = 1
+"""The format's version, the message's ``"v"``."""
+
+WHOLE_RECORD, APPEND_RECORD, SET_RECORD, TRUNCATE_RECORD = 1, 2, 3, 4
+"""The record kinds."""
+
+HEADER_WORDS = 4
+"""A record's header: kind, group, row, n."""
+
+_TAGS = {WHOLE_RECORD: WHOLE, APPEND_RECORD: APPEND, SET_RECORD: SET, TRUNCATE_RECORD: TRUNCATE}
+_INT32 = (-(2**31), 2**31 - 1)
 
 
-def pack(
-    seq: int, base: int | None, records: Sequence[tuple[int, int, int, list[int]]]
-) -> dict[str, Any]:
-    """A packed message of ``(kind, group, row, values)`` records (values as the layout says)."""
-    out: list[int] = []
-    for kind, group, row, values in records:
-        n = values[0] if kind == 4 else (len(values) // 2 if kind == 3 else len(values))
-        out += [kind, group, row, n] + ([] if kind == 4 else list(values))
-    data = np.asarray(out, dtype="<i4").tobytes()
+def checksum(seq: int, base: int | None, count: int, data: bytes) -> int:
+    """The message's ``crc``: CRC-32 of the header fields, then of ``data`` (a bit flip in
+    ``seq``, ``base`` or ``count`` fails it as one in the payload does)."""
+    return zlib.crc32(data, zlib.crc32(f"{VERSION} {seq} {base} {count}".encode()))
+
+
+def message(seq: int, base: int | None, count: int, data: bytes) -> dict[str, Any]:
+    """The message of ``count`` records already packed into ``data`` (no record checked)."""
     return {
-        "v": 1,
+        "v": VERSION,
         "seq": seq,
         "base": base,
-        "count": len(records),
-        "crc": zlib.crc32(data),
+        "count": count,
+        "crc": checksum(seq, base, count, data),
         "data": data,
     }
 
 
-def unpack(message: object, request_ids: Sequence[Any], grouped: bool = False) -> dict[str, Any]:
-    """The :mod:`blockprep.wire` message a packed one stands for.
+def is_packed(message: object) -> bool:
+    """Whether ``message`` is a packed message (a dict with ``"v"``) rather than a
+    :mod:`blockprep.wire` one."""
+    return isinstance(message, dict) and "v" in message
+
+
+def values_of(kind: int, values: Sequence[int]) -> int:
+    """A record's ``n`` for ``values`` (a truncate's ``values`` is ``[length]``)."""
+    if kind == TRUNCATE_RECORD:
+        return values[0] if len(values) == 1 else -1
+    if kind == SET_RECORD:
+        return len(values) // 2 if len(values) % 2 == 0 else -1
+    return len(values)
+
+
+def pack(
+    seq: int, base: int | None, records: Sequence[tuple[int, int, int, Sequence[int]]]
+) -> dict[str, Any]:
+    """The message of ``(kind, group, row, values)`` records (a set's values: positions, then
+    ids; a truncate's: ``[length]``).
 
     Raises:
-        DeltaMessageError: a wrong version, checksum, count, kind, row or a truncated record.
+        DeltaMessageError: an unknown kind, a negative group, row or length, a set whose values
+            are not positions and ids in equal numbers, a value outside int32 (record named).
     """
-    if not isinstance(message, dict) or message.get("v") != 1:
-        raise DeltaMessageError("a packed block delta message needs v == 1")
-    data = message.get("data")
-    if type(data) is not bytes or len(data) % 4:
-        raise DeltaMessageError("packed data must be bytes of whole int32 records")
-    if message.get("crc") != zlib.crc32(data):
-        raise DeltaMessageError("packed data fails its checksum")
-    words = np.frombuffer(data, dtype="<i4")
-    rows: dict[Any, Any] = {}
-    i, count = 0, 0
-    while i < len(words):
-        if i + 4 > len(words):
-            raise DeltaMessageError(f"record {count} is truncated")
-        kind, group, row, n = (int(x) for x in words[i : i + 4])
-        width = 0 if kind == 4 else (2 * n if kind == 3 else n)
-        if kind not in KINDS or n < 0 or group < 0 or (group and not grouped):
-            raise DeltaMessageError(f"record {count}: kind {kind}, group {group}, n {n} not valid")
-        if not 0 <= row < len(request_ids) or i + 4 + width > len(words):
-            raise DeltaMessageError(f"record {count}: row {row} unknown or record truncated")
-        values = words[i + 4 : i + 4 + width].tolist()
-        op: list[Any] = (
-            [KINDS[kind], n]
-            if kind == 4
-            else ([SET, values[:n], values[n:]] if kind == 3 else [KINDS[kind], values])
-        )
-        entry = rows.setdefault(request_ids[row], {} if grouped else [])
-        (entry.setdefault(group, []) if grouped else entry).append(op)
-        i, count = i + 4 + width, count + 1
-    if count != message.get("count"):
+    words: list[int] = []
+    for index, (kind, group, row, values) in enumerate(records):
+        n = values_of(kind, values) if kind in _TAGS else -1
+        if n < 0 or type(group) is not int or group < 0 or type(row) is not int or row < 0:
+            raise DeltaMessageError(
+                f"record {index}: kind {kind!r}, group {group!r}, row {row!r} with "
+                f"{len(values)} values is no packed record"
+            )
+        body = [] if kind == TRUNCATE_RECORD else list(values)
+        for x in body:
+            if type(x) is not int or not _INT32[0] <= x <= _INT32[1]:
+                raise DeltaMessageError(f"record {index}: value {x!r} is not an int32")
+        words += [kind, group, row, n, *body]
+    return message(seq, base, len(records), np.asarray(words, dtype="<i4").tobytes())
+
+
+class Record(NamedTuple):
+    """One record of a checked message: its ``kind``, ``group``, ``row``, ``n`` and the word
+    offset of its header in the payload."""
+
+    kind: int
+    group: int
+    row: int
+    n: int
+    offset: int
+
+
+def records(message: object, rows: int, groups: int = 1) -> tuple[np.ndarray, list[Record]]:
+    """The payload of a packed message as int32 words, and its records, every header checked:
+    version, checksum, record bounds, kinds, lengths, ``group < groups`` and ``row < rows``
+    (the batch's size). The values are not checked (the tables do that).
+
+    Raises:
+        DeltaMessageError: any of those wrong (the record and the value named).
+    """
+    if not is_packed(message):
+        raise DeltaMessageError("a packed block delta message must be a dict with a version 'v'")
+    assert isinstance(message, dict)
+    if message["v"] != VERSION:
         raise DeltaMessageError(
-            f"packed message says {message.get('count')} records, holds {count}"
+            f"packed block delta message version {message['v']!r}; this worker reads {VERSION}"
         )
-    return {"seq": message.get("seq"), "base": message.get("base"), "rows": rows}
+    data, count = message.get("data"), message.get("count")
+    seq, base = message.get("seq"), message.get("base")
+    if type(data) is not bytes or len(data) % 4:
+        raise DeltaMessageError("packed data must be bytes of whole int32 words")
+    if type(count) is not int or message.get("crc") != checksum(seq, base, count, data):  # type: ignore[arg-type]
+        raise DeltaMessageError(f"packed block delta message {seq!r} fails its checksum")
+    words = np.frombuffer(data, dtype="<i4")
+    view = memoryview(data).cast("i") if np.little_endian else words
+    found: list[Record] = []
+    i, size = 0, len(view)
+    while i < size:
+        index = len(found)
+        if i + HEADER_WORDS > size:
+            raise DeltaMessageError(f"packed record {index} is truncated: its header is cut")
+        kind, group, row, n = view[i], view[i + 1], view[i + 2], view[i + 3]
+        if kind not in _TAGS:
+            raise DeltaMessageError(f"packed record {index}: unknown kind {kind}")
+        if n < 0:
+            raise DeltaMessageError(f"packed record {index}: negative length {n}")
+        if not 0 <= group < groups:
+            raise DeltaMessageError(f"packed record {index}: group {group} not in [0, {groups})")
+        if not 0 <= row < rows:
+            raise DeltaMessageError(
+                f"packed record {index}: row {row} not in the batch's {rows} requests"
+            )
+        width = 0 if kind == TRUNCATE_RECORD else 2 * n if kind == SET_RECORD else n
+        end = i + HEADER_WORDS + width
+        if end > size:
+            raise DeltaMessageError(
+                f"packed record {index} is truncated: it needs {end - i} words, {size - i} left"
+            )
+        found.append(Record(kind, group, row, n, i))
+        i = end
+    if len(found) != count:
+        raise DeltaMessageError(
+            f"packed block delta message {seq!r} says {count} records, holds {len(found)}"
+        )
+    return words, found
+
+
+def record_op(words: np.ndarray, record: Record) -> list[Any]:
+    """The :mod:`blockprep.wire` operation a checked record stands for."""
+    at, n = record.offset + HEADER_WORDS, record.n
+    if record.kind == TRUNCATE_RECORD:
+        return [TRUNCATE, n]
+    if record.kind == SET_RECORD:
+        return [SET, words[at : at + n].tolist(), words[at + n : at + 2 * n].tolist()]
+    return [_TAGS[record.kind], words[at : at + n].tolist()]
+
+
+def unpack(
+    message: object, request_ids: Sequence[Any], groups: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The :mod:`blockprep.wire` message a packed one stands for: ``rows`` keyed by request
+    id, each a list of ops (flat, ``groups`` ``None``) or ``{group name: ops}``.
+
+    Raises:
+        DeltaMessageError: as :func:`records`.
+    """
+    words, found = records(message, len(request_ids), 1 if groups is None else len(groups))
+    assert isinstance(message, dict)
+    rows: dict[Any, Any] = {}
+    for record in found:
+        request = request_ids[record.row]
+        if groups is None:
+            rows.setdefault(request, []).append(record_op(words, record))
+        else:
+            entry = rows.setdefault(request, {})
+            entry.setdefault(groups[record.group], []).append(record_op(words, record))
+    return {"seq": message["seq"], "base": message["base"], "rows": rows}
