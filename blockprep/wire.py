@@ -259,6 +259,32 @@ class DeltaCursor:
         return seq, rows
 
 
+def resync_request(applied: int | None) -> dict[str, Any]:
+    """Worker side of the resync back channel: the plain dict a worker sends its scheduler after
+    refusing a message, ``{"resync": True, "applied": applied}`` (``applied``: the ``seq`` of
+    the last message it applied, ``None`` for none). The scheduler passes it to its encoder's
+    or recorder's ``resync``; the next message carries every request whole.
+
+    Raises:
+        TypeError: ``applied`` not an int (a bool refused) or ``None``.
+    """
+    if applied is not None and type(applied) is not int:
+        raise BlockprepTypeError(
+            f"applied must be the seq of the last message applied (an int) or None, got {applied!r}"
+        )
+    return {"resync": True, "applied": applied}
+
+
+def is_resync_request(obj: object) -> bool:
+    """Whether ``obj`` is a :func:`resync_request` (exactly its two keys and types)."""
+    return (
+        type(obj) is dict
+        and obj.keys() == {"resync", "applied"}
+        and obj["resync"] is True
+        and (obj["applied"] is None or type(obj["applied"]) is int)
+    )
+
+
 def apply_ops(ops: object, held: list[Any] | None) -> list[Any]:
     """The id list ``ops`` make of ``held`` (``None``: the request is new), as a new list; the
     ids themselves are not checked (the table does that).
