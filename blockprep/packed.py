@@ -205,3 +205,21 @@ def unpack(
             entry = rows.setdefault(request, {})
             entry.setdefault(groups[record.group], []).append(record_op(words, record))
     return {"seq": message["seq"], "base": message["base"], "rows": rows}
+
+
+def op_at(data: bytes, offset: object, row: int) -> list[Any]:
+    """The :mod:`blockprep.wire` operation of the record at word ``offset`` of ``data`` (what a
+    table kernel reads in place: the twin's form of the compiled kernel's reader).
+
+    Raises:
+        ValueError: no whole record there (``row`` named: the caller's bug, not the message's).
+    """
+    words = np.frombuffer(data, dtype="<i4")
+    at = offset if type(offset) is int else -1
+    kind = count = -1
+    if 0 <= at <= len(words) - HEADER_WORDS:
+        kind, count = int(words[at]), int(words[at + 3])
+    width = 0 if kind == TRUNCATE_RECORD else 2 * count if kind == SET_RECORD else count
+    if kind not in _TAGS or count < 0 or at + HEADER_WORDS + width > len(words):
+        raise ValueError(f"row {row}: no packed record at word {offset!r}")
+    return record_op(words, Record(kind, int(words[at + 1]), int(words[at + 2]), count, at))

@@ -246,6 +246,79 @@ class KernelPair(RuleBasedStateMachine):
             return
         self._commit(data, plan_c, plan_py, 0)
 
+    def _records(self, data: Any, r: int, src: int, words: list[int]) -> tuple[Any, ...] | None:
+        """Row ``r``'s packed records appended to ``words``, their offsets: mostly well formed
+        (int32 ids, mostly in range), sometimes not (positions, lengths, a bad offset)."""
+        held = self.py.held(src) if src >= 0 else None
+        n = -1 if held is None else len(held)
+        bad = st.sampled_from([-1, self.limit, 2**31 - 1, -(2**31)])
+        ids = st.integers(0, 29).flatmap(
+            lambda c: bad if c == 0 else st.integers(0, self.limit - 1)
+        )
+        offsets: list[Any] = []
+        for _ in range(data.draw(st.integers(0, 2))):
+            kind = data.draw(st.integers(0, 24))
+            offsets.append(len(words))
+            if n < 0 and kind in (20, 21):  # not whole on a row with nothing: refused
+                words += [2, 0, r, 1, 0]
+            elif kind == 0 or n < 0:
+                values = data.draw(st.lists(ids, max_size=self.width + 1))
+                words += [1, 0, r, len(values), *values]
+                n = len(values)
+            elif kind <= 3 or n == 0:
+                values = data.draw(st.lists(ids, min_size=1, max_size=2))
+                words += [2, 0, r, len(values), *values]
+                n += len(values)
+            elif kind <= 15:  # a small set: the steady step of a ring
+                k = data.draw(st.integers(1, min(n, 3)))
+                positions = data.draw(
+                    st.lists(st.integers(0, n - 1), min_size=k, max_size=k, unique=True)
+                )
+                words += [3, 0, r, k, *positions, *data.draw(st.lists(ids, min_size=k, max_size=k))]
+            elif kind <= 17:
+                length = data.draw(st.integers(0, n))
+                words += [4, 0, r, length]
+                n = length
+            elif kind == 18:  # positions out of the row or repeated
+                positions = data.draw(st.sampled_from([[-1], [n], [0, 0], [n + 5, 0]]))
+                words += [3, 0, r, len(positions), *positions, *[0] * len(positions)]
+            elif kind == 19:
+                words += [4, 0, r, n + 1]
+            else:  # an offset that is no record: the caller's bug, a ValueError from both
+                offsets[-1] = data.draw(st.sampled_from([-1, 10**6, len(words) + 1, "0", 2**70]))
+        if not offsets and data.draw(st.booleans()):
+            return None
+        return tuple(offsets)
+
+    @rule(data=st.data())
+    def step_packed(self, data: Any) -> None:
+        """Rows given as packed records read in place (``stage_ops(..., data)``)."""
+        rows = self.rows
+        srcs = [
+            data.draw(st.sampled_from([r, r, r, NEW, PADDING, *range(rows)])) for r in range(rows)
+        ]
+        visit = sorted(set(data.draw(st.lists(st.integers(0, rows - 1), min_size=1))))
+        words: list[int] = []
+        items = [
+            self._row(data, r) if srcs[r] == PADDING else self._records(data, r, srcs[r], words)
+            for r in visit
+        ]
+        payload = np.asarray(words, dtype="<i4").tobytes()
+        results = []
+        for kernel in (self.c, self.py):
+            try:
+                results.append(kernel.stage_ops(visit, items, srcs, _convert, payload))
+            except (TypeError, ValueError) as error:
+                results.append(error)
+        out_c, out_py = results
+        if isinstance(out_c, Exception) or isinstance(out_py, Exception):
+            assert type(out_c) is type(out_py) and str(out_c) == str(out_py), (out_c, out_py)
+            return
+        assert same_fault(out_c[1], out_py[1]), (out_c[1], out_py[1])
+        if out_c[1] is not None:
+            return
+        self._commit(data, out_c[0], out_py[0], 0)
+
     @rule(data=st.data())
     def clear(self, data: Any) -> None:
         row = data.draw(st.integers(-1, self.rows - 1))

@@ -534,7 +534,7 @@ static PyMethodDef kernel_methods[] = {
     {"stage", (PyCFunction)bk_stage, METH_VARARGS,
      "stage(rows, lists, srcs, convert) -> (plan, None) or (None, (code, row, value))"},
     {"stage_ops", (PyCFunction)bk_stage_ops, METH_VARARGS,
-     "stage_ops(rows, items, srcs, convert) -> (plan, None) or (None, (code, row, value))"},
+     "stage_ops(rows, items, srcs, convert, data=None) -> (plan, None) or (None, (code, row, value))"},
     {"commit", (PyCFunction)kernel_commit, METH_VARARGS,
      "commit(plan, slot, table, counts, column, want_rows) -> (rows, cells, rows list or None)"},
     {"invalidate", (PyCFunction)kernel_invalidate, METH_O,

@@ -560,6 +560,78 @@ static int apply_ops(Scratch *s, PyObject *ops, Py_ssize_t *n)
     return *n < 0 ? 1 : 0;
 }
 
+/* ---- packed records (blockprep.packed): int32 words read in place, no int object per id ---- */
+
+enum { R_WHOLE = 1, R_APPEND = 2, R_SET = 3, R_TRUNCATE = 4, R_HEADER = 4 };
+
+/* Word i of a little-endian int32 payload (any host byte order, any alignment). */
+static inline int32_t word_at(const unsigned char *data, Py_ssize_t i)
+{
+    const unsigned char *b = data + 4 * i;
+    return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                     (uint32_t)b[3] << 24);
+}
+
+/* Apply the records at the word offsets of item (a tuple of ints) to the cells, as the ops
+ * packed.record_op makes of them (the ids are ints by construction: cells hold their values,
+ * no objects). Returns 0, 1 for records apply_ops would reject, -1 with ValueError for an
+ * offset that is no record of data (a caller's bug: the message was checked). */
+static int apply_records(Scratch *s, const unsigned char *data, Py_ssize_t words,
+                         PyObject *item, Py_ssize_t r, Py_ssize_t *n)
+{
+    const Py_ssize_t k = PyTuple_GET_SIZE(item);
+    if (k == 0)
+        return 1;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *o = PyTuple_GET_ITEM(item, i);
+        long long at = PyLong_CheckExact(o) ? exact_value(o) : -1;
+        int32_t kind = 0, count = -1;
+        if (at >= 0 && at <= words - R_HEADER) {
+            kind = word_at(data, at);
+            count = word_at(data, at + 3);
+        }
+        long long width = kind == R_TRUNCATE ? 0 : kind == R_SET ? 2LL * count : count;
+        if (kind < R_WHOLE || kind > R_TRUNCATE || count < 0 || at + R_HEADER + width > words) {
+            PyErr_Format(PyExc_ValueError, "row %zd: no packed record at word %R", r, o);
+            return -1;
+        }
+        const Py_ssize_t v = (Py_ssize_t)at + R_HEADER, c = count;
+        if (*n < 0 && kind != R_WHOLE)
+            return 1;
+        if (kind == R_WHOLE || kind == R_APPEND) {
+            Py_ssize_t from = kind == R_WHOLE ? 0 : *n;
+            if (scratch_row(s, from + c) < 0)
+                return -1;
+            scratch_drop_objs(s, from);
+            for (Py_ssize_t j = 0; j < c; j++) {
+                s->objs[from + j] = NULL; /* a value cell: checked as a changed id */
+                s->vals[from + j] = word_at(data, v + j);
+            }
+            s->nobjs = *n = from + c;
+        } else if (kind == R_SET) {
+            for (Py_ssize_t j = 0; j < c; j++) {
+                int32_t p = word_at(data, v + j);
+                if (p < 0 || p >= *n)
+                    return 1;
+                for (Py_ssize_t e = 0; e < j; e++) /* positions must not repeat */
+                    if (word_at(data, v + e) == p)
+                        return 1;
+            }
+            for (Py_ssize_t j = 0; j < c; j++) {
+                Py_ssize_t p = word_at(data, v + j);
+                Py_CLEAR(s->objs[p]);
+                s->vals[p] = word_at(data, v + c + j);
+            }
+        } else {
+            if (c > *n)
+                return 1;
+            scratch_drop_objs(s, c);
+            *n = c;
+        }
+    }
+    return 0;
+}
+
 /* The ids an append or a set names are new ids: integers (convert) whatever the row held, in op
  * order; a TYPE fault names the first that is not. Returns 0, 1 with *fault_out, -1. */
 static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObject **fault_out)
@@ -599,13 +671,22 @@ static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObjec
 
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
 {
-    PyObject *rows, *items, *srcs, *convert;
-    if (!PyArg_ParseTuple(args, "OOOO:stage_ops", &rows, &items, &srcs, &convert))
+    PyObject *rows, *items, *srcs, *convert, *packed = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOO|O:stage_ops", &rows, &items, &srcs, &convert, &packed))
         return NULL;
     if (!PyList_CheckExact(rows) || !PyList_CheckExact(items) || !PyList_CheckExact(srcs)) {
         PyErr_SetString(PyExc_TypeError, "rows, items and srcs must be lists");
         return NULL;
     }
+    if (packed != Py_None && (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4)) {
+        PyErr_SetString(PyExc_TypeError, "data must be None or bytes of whole int32 words");
+        return NULL;
+    }
+    /* bytes are immutable: the payload stays put while callbacks run (packed is the caller's
+     * reference, held for the call) */
+    const unsigned char *data =
+        packed == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(packed);
+    const Py_ssize_t words = packed == Py_None ? 0 : PyBytes_GET_SIZE(packed) / 4;
     if (PyList_GET_SIZE(srcs) != self->rows) {
         PyErr_Format(PyExc_ValueError, "srcs must hold %zd rows, got %zd", self->rows,
                      PyList_GET_SIZE(srcs));
@@ -659,13 +740,16 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
             } else {
                 status = 0;
             }
-            if (status == 0 && item != Py_None)
+            const int records = data && PyTuple_CheckExact(item); /* else: malformed ops */
+            if (status == 0 && records)
+                status = apply_records(&s, data, words, item, (Py_ssize_t)r, &n);
+            else if (status == 0 && item != Py_None)
                 status = apply_ops(&s, item, &n);
             else if (status == 0 && n < 0)
                 status = 1; /* a new request without its whole list */
             if (status == 1)
                 fault_value = Py_BuildValue("(O(inO))", Py_None, F_OPS, (Py_ssize_t)r, Py_None);
-            else if (status == 0 && item != Py_None)
+            else if (status == 0 && item != Py_None && !records)
                 status = check_set_ids(item, (Py_ssize_t)r, convert, &fault_value);
             if (status == 0) {
                 /* Held cells keep their value in s.vals; the rest read from s.objs. */

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from blockprep import wire
+from blockprep import packed, wire
 from blockprep.tiling import tile_rows
 from blockprep.wire import DeltaMessageError, apply_ops
 
@@ -200,15 +200,20 @@ class GroupKernel:
         items: list[Any],
         srcs: list[int],
         convert: Callable[[object], int | None],
+        data: bytes | None = None,
     ) -> tuple[list[_Change] | None, Fault | None]:
         """:meth:`stage` of the visited ``rows`` given as :mod:`blockprep.wire` operations: per
-        row, ``items[i]`` is its ops on the ids its request held (``None``: as they were), or
-        a padding row's ids. Row by row: the ops (fault ``OPS`` where
-        :func:`~blockprep.wire.apply_ops` rejects them, or a request new to the table without
-        ops), then the ids an append or a set names must be integers (fault ``TYPE``, whatever
-        the row held: they are new), then the rules 1-4 on the resulting ids."""
+        row, ``items[i]`` is its ops on the ids its request held (``None``: as they were), a
+        tuple of word offsets of :mod:`blockprep.packed` records in ``data`` (given ``data``; read in place,
+        applied in order as the ops they stand for), or a padding row's ids. Row by row: the ops
+        (fault ``OPS`` where :func:`~blockprep.wire.apply_ops` rejects them, or a request new to
+        the table without ops), then the ids an append or a set names must be integers (fault
+        ``TYPE``, whatever the row held: they are new; a record's are), then the rules 1-4 on
+        the resulting ids."""
         if type(rows) is not list or type(items) is not list or type(srcs) is not list:
             raise TypeError("rows, items and srcs must be lists")
+        if data is not None and (type(data) is not bytes or len(data) % 4):
+            raise TypeError("data must be None or bytes of whole int32 words")
         if len(srcs) != self.rows:
             raise ValueError(f"srcs must hold {self.rows} rows, got {len(srcs)}")
         visits = len(rows)
@@ -220,7 +225,7 @@ class GroupKernel:
                 _same_sizes((rows, visits), (items, visits), (srcs, self.rows))
                 r = _index(rows[i], self.rows, "row")
                 src, item = _src(srcs, r, self.rows), items[i]
-                fault = self._stage_item(plan, r, src, item, convert)
+                fault = self._stage_item(plan, r, src, item, convert, data)
                 if fault is not None:
                     return None, fault
             return plan, None
@@ -232,6 +237,7 @@ class GroupKernel:
         src: int,
         item: Any,
         convert: Callable[[object], int | None],
+        data: bytes | None,
     ) -> Fault | None:
         """One row of :meth:`stage_ops`."""
         if src == PADDING:
@@ -239,6 +245,8 @@ class GroupKernel:
                 raise TypeError(f"row {r} must be a list, got {type(item).__name__}")
             return self._stage_row(plan, r, item, src, convert)
         held = self._held[src] if src >= 0 else None
+        if data is not None and type(item) is tuple:  # without data: malformed ops
+            return self._stage_records(plan, r, src, held, item, data, convert)
         if item is None:
             if held is None:
                 return (OPS, r, None)
@@ -252,6 +260,30 @@ class GroupKernel:
         fault = _check_set_ids(item, r, convert)
         if fault is not None:
             return fault
+        return self._stage_row(plan, r, ids, src, convert)
+
+    def _stage_records(
+        self,
+        plan: list[_Change],
+        r: int,
+        src: int,
+        held: list[int] | None,
+        offsets: tuple[Any, ...],
+        data: bytes,
+        convert: Callable[[object], int | None],
+    ) -> Fault | None:
+        """One row of :meth:`stage_ops` given as packed records: each read, then applied, in
+        order (a bad offset after a rejected record is never read, as in the compiled kernel)."""
+        if not offsets:
+            return (OPS, r, None)
+        ids = held
+        for offset in offsets:
+            op = packed.op_at(data, offset, r)
+            try:
+                ids = apply_ops([op], ids)
+            except DeltaMessageError:
+                return (OPS, r, None)
+        assert ids is not None
         return self._stage_row(plan, r, ids, src, convert)
 
     def _set_one(
