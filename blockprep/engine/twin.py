@@ -203,13 +203,13 @@ class GroupKernel:
         data: bytes | None = None,
     ) -> tuple[list[_Change] | None, Fault | None]:
         """:meth:`stage` of the visited ``rows`` given as :mod:`blockprep.wire` operations: per
-        row, ``items[i]`` is its ops on the ids its request held (``None``: as they were), a
-        tuple of word offsets of :mod:`blockprep.packed` records in ``data`` (given ``data``; read in place,
-        applied in order as the ops they stand for), or a padding row's ids. Row by row: the ops
-        (fault ``OPS`` where :func:`~blockprep.wire.apply_ops` rejects them, or a request new to
-        the table without ops), then the ids an append or a set names must be integers (fault
-        ``TYPE``, whatever the row held: they are new; a record's are), then the rules 1-4 on
-        the resulting ids."""
+        row, ``items[i]`` is its ops on the ids its request held (``None``: as they were), or,
+        given ``data``, a tuple of word offsets of :mod:`blockprep.packed` records in it (read
+        in place, applied in order as the ops they stand for), or a padding row's ids. Row by
+        row: the ops (fault ``OPS`` where :func:`~blockprep.wire.apply_ops` rejects them, or a
+        request new to the table without ops), then the ids an append or a set names must be
+        integers (fault ``TYPE``, whatever the row held: they are new; a record's are), then
+        the rules 1-4 on the resulting ids."""
         if type(rows) is not list or type(items) is not list or type(srcs) is not list:
             raise TypeError("rows, items and srcs must be lists")
         if data is not None and (type(data) is not bytes or len(data) % 4):
