@@ -26,8 +26,10 @@ Resync: the worker remembers the number of the last message it applied (:class:`
 A message whose ``base`` is not that number, or whose ``seq`` is not after its ``base`` (a
 redelivery would be applied twice; ``seq == base`` with no rows, "nothing changed", is the one
 exception), raises :class:`DeltaSequenceError` and writes nothing; so
-does any rejected step, which counts as not applied. The engine then calls
-:meth:`BlockDeltaEncoder.reset`, and the next message is whole for every request.
+does any rejected step, which counts as not applied. The worker sends back
+:func:`resync_request` (plain data, through whatever channel carries replies); the engine calls
+:meth:`BlockDeltaEncoder.reset` (the packed encoders: ``resync``), and the next message is whole
+for every request. :mod:`blockprep.packed` messages follow the same rules.
 """
 
 from __future__ import annotations
@@ -254,9 +256,37 @@ class DeltaCursor:
             raise DeltaMessageError(
                 f"a block delta message needs a dict of rows, got {type(rows).__name__}"
             )
-        if base is not None and (base != self.last or seq < base or (seq == base and rows)):
-            raise log.resync(DeltaSequenceError(self.last, base, seq))  # a WARNING record
+        self.check_sequence(seq, base, bool(rows))
         return seq, rows
+
+    def check_sequence(self, seq: int, base: int | None, changes: bool) -> None:
+        """:class:`DeltaSequenceError` unless message ``seq`` (carrying ``changes`` or not)
+        builds on the last one applied, as :meth:`check` says (a packed message's header)."""
+        if base is not None and (base != self.last or seq < base or (seq == base and changes)):
+            raise log.resync(DeltaSequenceError(self.last, base, seq))  # a WARNING record
+
+    def resync_request(self) -> dict[str, Any]:
+        """What the worker sends back after a refused message: :func:`resync_request` of the
+        last message it applied."""
+        return resync_request(self.last)
+
+
+def resync_request(applied: int | None) -> dict[str, Any]:
+    """The resync back channel's message, worker to scheduler, plain data:
+    ``{"resync": True, "applied": applied}`` (the last message the worker applied, ``None``:
+    none). The scheduler side (``BlockDeltaEncoder.reset``, the packed encoders' ``resync``)
+    answers with a message that builds on nothing and carries every request whole; a duplicate
+    request costs one more whole message, never a wrong table."""
+    return {"resync": True, "applied": applied}
+
+
+def is_resync_request(message: object) -> bool:
+    """Whether ``message`` is a :func:`resync_request`."""
+    return (
+        isinstance(message, Mapping)
+        and message.get("resync") is True
+        and (message.get("applied") is None or type(message.get("applied")) is int)
+    )
 
 
 def resync_request(applied: int | None) -> dict[str, Any]:
