@@ -272,24 +272,6 @@ class DeltaCursor:
 
 
 def resync_request(applied: int | None) -> dict[str, Any]:
-    """The resync back channel's message, worker to scheduler, plain data:
-    ``{"resync": True, "applied": applied}`` (the last message the worker applied, ``None``:
-    none). The scheduler side (``BlockDeltaEncoder.reset``, the packed encoders' ``resync``)
-    answers with a message that builds on nothing and carries every request whole; a duplicate
-    request costs one more whole message, never a wrong table."""
-    return {"resync": True, "applied": applied}
-
-
-def is_resync_request(message: object) -> bool:
-    """Whether ``message`` is a :func:`resync_request`."""
-    return (
-        isinstance(message, Mapping)
-        and message.get("resync") is True
-        and (message.get("applied") is None or type(message.get("applied")) is int)
-    )
-
-
-def resync_request(applied: int | None) -> dict[str, Any]:
     """Worker side of the resync back channel: the plain dict a worker sends its scheduler after
     refusing a message, ``{"resync": True, "applied": applied}`` (``applied``: the ``seq`` of
     the last message it applied, ``None`` for none). The scheduler passes it to its encoder's
