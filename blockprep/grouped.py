@@ -40,6 +40,7 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
+from blockprep import packed
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.engine import GroupKernel
@@ -368,6 +369,7 @@ class GroupedTables:
         place: Callable[[int], str] = default_place,
         *,
         whole: bool = False,
+        data: bytes | None = None,
     ) -> GroupedStep:
         """Decide and check one step given as changes (:mod:`blockprep.wire` operations); write
         nothing. Its cost follows the changes, not the size of the tables.
@@ -383,6 +385,9 @@ class GroupedTables:
             place: names a table row in error messages.
             whole: every request starts anew (a message that builds on nothing): each of its
                 groups needs ops that start whole, whatever the tables hold.
+            data: a :mod:`blockprep.packed` payload; a row's ops may then be a tuple of the word
+                offsets of its records there (checked by :func:`blockprep.packed.records`),
+                which the kernel reads in place.
 
         Raises:
             DeltaMessageError: ops that do not fit the held ids, a new request without a whole
@@ -425,10 +430,13 @@ class GroupedTables:
             else:
                 rows = sorted(group_changes)
                 items = list(map(group_changes.__getitem__, rows))
-            plan, fault = kernel.stage_ops(rows, items, srcs, _convert)
+            plan, fault = kernel.stage_ops(rows, items, srcs, _convert, data)
             if fault is not None:
                 if fault[0] == OPS:
-                    _raise_ops_error(fault[1], group_changes, keys, srcs, kernel, group, place)
+                    ops = group_changes.get(fault[1])
+                    if data is not None and type(ops) is tuple:  # packed: the ops it stands for
+                        ops = _record_ops(data, ops, fault[1])
+                    _raise_ops_error(fault[1], ops, keys, srcs, kernel, group, place)
                 raise _fault_error(fault, group, place)
             plans.append(plan)
         return GroupedStep(tuple(plans), keys, self._version)
@@ -519,7 +527,7 @@ def _convert(x: object) -> int | None:
 
 def _raise_ops_error(
     row: int,
-    changes: Mapping[int, Any],
+    ops: Any,
     keys: list[Hashable | None],
     srcs: list[int],
     kernel: Any,
@@ -529,7 +537,6 @@ def _raise_ops_error(
     """The :class:`DeltaMessageError` for row ``row``'s ops, which the kernel rejected: the
     words of :func:`~blockprep.wire.apply_ops`, the place, group and request."""
     where = _where(place, row, group, keys[row])
-    ops = changes.get(row)
     src = srcs[row]
     if ops is None:
         raise DeltaMessageError(
@@ -540,6 +547,18 @@ def _raise_ops_error(
     except DeltaMessageError as error:
         raise DeltaMessageError(f"{error} ({where})") from None
     raise AssertionError(f"the kernel rejected ops that apply_ops takes ({where})")
+
+
+def _record_ops(data: bytes, offsets: tuple[Any, ...], row: int) -> list[list[Any]]:
+    """The ops of a row's packed records, up to the first offset that is no record (the kernel
+    rejected a record before it)."""
+    ops = []
+    for offset in offsets:
+        try:
+            ops.append(packed.op_at(data, offset, row))
+        except ValueError:
+            break
+    return ops
 
 
 def _fault_error(

@@ -122,7 +122,8 @@ class Record(NamedTuple):
 
 def records(message: object, rows: int, groups: int = 1) -> tuple[np.ndarray, list[Record]]:
     """The payload of a packed message as int32 words, and its records, every header checked:
-    version, checksum, record bounds, kinds, lengths, ``group < groups`` and ``row < rows``
+    version, ``seq`` and ``base``, checksum, record bounds, kinds, lengths, ``group < groups``
+    and ``row < rows``
     (the batch's size). The values are not checked (the tables do that).
 
     Raises:
@@ -137,9 +138,14 @@ def records(message: object, rows: int, groups: int = 1) -> tuple[np.ndarray, li
         )
     data, count = message.get("data"), message.get("count")
     seq, base = message.get("seq"), message.get("base")
+    if type(seq) is not int or not (base is None or type(base) is int):
+        raise DeltaMessageError(
+            f"a block delta message needs an int seq and an int or None base, got seq "
+            f"{seq!r}, base {base!r}"
+        )
     if type(data) is not bytes or len(data) % 4:
         raise DeltaMessageError("packed data must be bytes of whole int32 words")
-    if type(count) is not int or message.get("crc") != checksum(seq, base, count, data):  # type: ignore[arg-type]
+    if type(count) is not int or message.get("crc") != checksum(seq, base, count, data):
         raise DeltaMessageError(f"packed block delta message {seq!r} fails its checksum")
     words = np.frombuffer(data, dtype="<i4")
     view = memoryview(data).cast("i") if np.little_endian else words

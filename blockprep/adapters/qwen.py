@@ -51,6 +51,7 @@ from blockprep.buffers import (
 )
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
+from blockprep.packed import is_packed, unpack
 from blockprep.reference import QwenDecodePrep97
 from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
@@ -517,6 +518,12 @@ class QwenDecodePreparer:
         check_against_rebuild(rebuilt, batch, lists, rows, self.max_blocks, sets)
         return inputs
 
+    def resync_request(self) -> dict[str, Any]:
+        """The resync back channel's message to send the scheduler after a refused
+        ``block_deltas`` message (:func:`blockprep.wire.resync_request` of the last message
+        applied): its encoder's next message carries every request whole."""
+        return self._cursor.resync_request()
+
     def reset(self) -> None:
         """What upstream's warm-up does: forget every cached block-table row (the next step
         rewrites them all) and re-initialise the token padding. The delta cursor is forgotten
@@ -534,7 +541,10 @@ class QwenDecodePreparer:
         self, message: object, request_ids: Sequence[Hashable], count: int
     ) -> _DeltaStep:
         """The new id lists of the rows a message changes, checked against what the worker holds
-        as of the last applied step; nothing changed."""
+        as of the last applied step; nothing changed. A :mod:`blockprep.packed` message is
+        read as the :mod:`blockprep.wire` one it stands for (a Qwen step's records are few)."""
+        if is_packed(message):
+            message = unpack(message, request_ids)
         seq, deltas = self._cursor.check(message)
         if len(request_ids) != count:
             raise DeltaMessageError(

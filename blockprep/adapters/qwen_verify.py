@@ -10,6 +10,7 @@ import torch
 
 from blockprep.adapters.qwen_batch import page_lists
 from blockprep.batch import DecodeBatch
+from blockprep.packed import is_packed, unpack
 from blockprep.reference import QwenDecodePrep97
 from blockprep.verify import check_buffer, rows_and_columns
 from blockprep.wire import apply_ops
@@ -21,6 +22,8 @@ def verified_lists(
     """Each of the ``count`` rows' page ids as plain ints: the batch's lists, or its
     ``block_deltas`` applied to ``held`` (the verifier's own lists of the previous step)."""
     message = getattr(batch, "block_deltas", None)
+    if is_packed(message):
+        message = unpack(message, batch.request_ids)
     if message is None:
         source = page_lists(batch)
         return [[int(x) for x in source[row]] if row < len(source) else [] for row in range(count)]

@@ -16,6 +16,8 @@ from blockprep.adapters.deepseek.rows import HOST_HIDDEN_MESSAGE, integer_array
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import has_integer_dtype
+from blockprep.packed import is_packed
+from blockprep.packed import message as packed_message
 
 
 def accept_mtp_tokens(
@@ -112,4 +114,6 @@ def _unchanged(message: dict[str, Any] | None) -> dict[str, Any] | None:
     if message is None:
         return None
     seq = message.get("seq")
+    if is_packed(message) and type(seq) is int:  # the packed form of the same: no records
+        return packed_message(seq, seq, 0, b"")
     return {"seq": seq, "base": seq, "rows": {}}

@@ -343,6 +343,12 @@ class DeepSeekV4DecodePreparer:
             self._cursor.last = None
             self._invalidate(None)
 
+    def resync_request(self) -> dict[str, Any]:
+        """The resync back channel's message to send the scheduler after a refused
+        ``block_deltas`` message (:func:`blockprep.wire.resync_request` of the last message
+        applied): its encoder's next message carries every request whole."""
+        return self._cursor.resync_request()
+
     def _slot_number(self, buffer_slot: object) -> int:
         return slot_number(buffer_slot, len(self._slots))
 

@@ -25,6 +25,7 @@ from blockprep.adapters.deepseek.lifecycle import Slot
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepValueError
 from blockprep.grouped import BlockIdValueError, GroupedStep, GroupedTables, TableGroup
+from blockprep.packed import Record, is_packed, records
 from blockprep.wire import DeltaCursor, DeltaMessageError
 
 
@@ -97,14 +98,26 @@ def plan_deltas(
     """Plan the tables from a :mod:`blockprep.wire` message (``{request: {group: ops}}``)
     on what they hold: the step costs what changed. Returns the step and the message's
     number (``cursor`` checks the message builds on the last one applied; the caller moves it
-    on once the step is committed)."""
-    seq, rows = cursor.check(message)
+    on once the step is committed). A :mod:`blockprep.packed` message (groups in
+    ``GROUP_NAMES`` order) is read in place: its records' offsets go to the kernels."""
+    data = None
+    if is_packed(message):
+        assert isinstance(message, dict)
+        found = records(message, len(batch.request_ids), len(GROUP_NAMES))[1]
+        seq = message["seq"]
+        cursor.check_sequence(seq, message["base"], bool(found))
+        rows: Mapping[Any, Any] = {}
+        data = message["data"]
+    else:
+        seq, rows = cursor.check(message)
     if batch.block_ids_by_group:
         raise BlockprepValueError(
             "a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both"
         )
     by_name: dict[str, dict[int, Any]] = {name: {} for name in GROUP_NAMES}
-    if rows:
+    if data is not None:
+        _packed_changes(by_name, found, batch.request_ids, assignment)
+    elif rows:
         row_of = assignment.row_of
         for request, groups in rows.items():
             row = row_of.get(request)
@@ -138,5 +151,27 @@ def plan_deltas(
         padding,
         lambda r: f"decode row {perm[r]}",
         whole=isinstance(message, Mapping) and message.get("base") is None,
+        data=data,
     )
     return step, seq
+
+
+def _packed_changes(
+    by_name: dict[str, dict[int, Any]],
+    found: list[Record],
+    request_ids: Sequence[Any],
+    assignment: Assignment,
+) -> None:
+    """Each group's ``{table row: record offsets}`` of a checked packed message."""
+    groups = list(by_name.values())
+    row_of = assignment.row_of
+    rows: dict[tuple[int, int], list[int]] = {}
+    for record in found:
+        key = (record.group, record.row)
+        offsets = rows.get(key)
+        if offsets is None:
+            rows[key] = [record.offset]
+        else:
+            offsets.append(record.offset)
+    for (group, row), offsets in rows.items():
+        groups[group][row_of[request_ids[row]]] = tuple(offsets)

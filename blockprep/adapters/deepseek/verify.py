@@ -26,6 +26,7 @@ from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
 from blockprep.adapters.deepseek.rows import Hidden, Mode, Rows
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepValueError
+from blockprep.packed import is_packed, unpack
 from blockprep.verify import check_buffer
 from blockprep.wire import apply_ops
 
@@ -36,6 +37,8 @@ def verify_lists(
     """Each request's ids per group as this (planned, valid) step makes them: the batch's,
     or the message's ops applied to what the verifier kept of the steps before (``kept``)."""
     message = batch.block_deltas
+    if is_packed(message):
+        message = unpack(message, batch.request_ids, GROUP_NAMES)
     if message is None:
         return [
             {name: [int(x) for x in row[name]] for name in GROUP_NAMES}
