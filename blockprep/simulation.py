@@ -12,12 +12,16 @@ import math
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepRuntimeError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
+
+if TYPE_CHECKING:
+    from blockprep.events import BlockEventRecorder
 
 DEEPSEEK_V4_CACHE_GROUPS: tuple[tuple[str, int, int | None], ...] = (
     ("ori", 128, 4),
@@ -95,6 +99,12 @@ class DeepSeekV4SchedulerSim:
             random float32 embedding table of ``vocab`` tokens).
         fresh_lists: give each batch its own copies of the id lists; by default a batch holds the
             manager's live lists, which later steps mutate in place, as upstream's manager does.
+        recorder: a grouped :class:`~blockprep.events.BlockEventRecorder` (groups in
+            ``DEEPSEEK_V4_CACHE_GROUPS`` order) the KV manager tells what it does: ``start`` when
+            a request joins (its lists whole), ``append`` for each page a full-history group (or
+            a ring group still filling) takes, ``set`` for each ring slot rotated, ``finish``
+            when a request leaves. The caller makes each step's message with
+            ``recorder.message(batch.request_ids)``. It changes nothing else (the same batches).
     """
 
     def __init__(
@@ -113,6 +123,7 @@ class DeepSeekV4SchedulerSim:
         hidden_size: int | None = None,
         vocab: int = 1000,
         fresh_lists: bool = False,
+        recorder: BlockEventRecorder | None = None,
     ) -> None:
         self.ranks = ranks
         self.decode_batch = decode_batch
@@ -124,6 +135,7 @@ class DeepSeekV4SchedulerSim:
         self.shuffle = shuffle
         self.fresh_lists = fresh_lists
         self.vocab = vocab
+        self.recorder = recorder
         self._rng = random.Random(seed)
         full_history = math.ceil(max_seq_len / 128)
         self.ids_per_request = {
@@ -207,12 +219,16 @@ class DeepSeekV4SchedulerSim:
             logical={name: 0 for name, _, _ in DEEPSEEK_V4_CACHE_GROUPS},
         )
         self._next_id += 1
-        self._ensure_blocks(request)
+        self._ensure_blocks(request, record=False)
+        if self.recorder is not None:
+            self.recorder.start(request.request_id, request.blocks)
         self._requests.append(request)
 
-    def _ensure_blocks(self, request: _SimRequest) -> None:
-        """Upstream's ``ensure_group_blocks`` for ``request.seq_len`` tokens (see the class)."""
+    def _ensure_blocks(self, request: _SimRequest, *, record: bool = True) -> None:
+        """Upstream's ``ensure_group_blocks`` for ``request.seq_len`` tokens (see the class);
+        each page taken told to the recorder (``record``: the request has started)."""
         free = self._free[request.rank]
+        recorder = self.recorder if record else None
         for name, block_tokens, ring in DEEPSEEK_V4_CACHE_GROUPS:
             ids, queue = request.blocks[name], free[name]
             needed = math.ceil(request.seq_len / block_tokens)
@@ -225,10 +241,14 @@ class DeepSeekV4SchedulerSim:
                             f"({name}: {block + 1} > {self.ids_per_request[name]})"
                         )
                     ids.append(queue.popleft())
+                    if recorder is not None:
+                        recorder.append(request.request_id, ids[-1], name)
                 else:
                     slot = block % ring
                     queue.append(ids[slot])
                     ids[slot] = queue.popleft()
+                    if recorder is not None:
+                        recorder.set(request.request_id, slot, ids[slot], name)
                 request.logical[name] = block + 1
 
     def _release(self, request: _SimRequest) -> None:
@@ -236,6 +256,8 @@ class DeepSeekV4SchedulerSim:
         for name, ids in request.blocks.items():
             free[name].extend(ids)
             ids.clear()
+        if self.recorder is not None:
+            self.recorder.finish(request.request_id)
 
     def _batch(self, order: list[_SimRequest]) -> DecodeBatch:
         tokens = torch.tensor([r.token for r in order], dtype=torch.int64)
