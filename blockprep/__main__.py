@@ -130,6 +130,8 @@ def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
         "speed-ups against pre-fix and fix, rows and cells written, and the memory floor (the "
         "time to copy a full rewrite's bytes); warns when the spread or the load average says "
         "the figures are unreliable.",
+        epilog="The whole host path of a step (the engine's message, the pipe, the worker's "
+        "decode and preparation, per stage): python -m blockprep.bench.host_path.",
     )
     bench.add_argument(
         "--workload",
