@@ -49,6 +49,8 @@ def test_cli_verifies_then_reports_every_stage(capsys: Any) -> None:
         "upstream",
         "message",
         "B",
+        "blocks",
+        "B",
     ]
     rows = [line.split() for line in lines[head + 1 : head + 1 + len(options)]]
     assert [row[1] for row in rows] == options
@@ -58,7 +60,9 @@ def test_cli_verifies_then_reports_every_stage(capsys: Any) -> None:
         assert row[7].endswith("x") and row[8].startswith("(")  # two runs: a min-max spread
     assert rows[0][7] == "1.0x"
     assert rows[0][9] == rows[1][9] == rows[2][9]  # the same full-list message
-    assert lines[head + 1 + len(options)] == ""
+    envelope = lines[head + 1 + len(options)].split()
+    assert envelope[1] == "envelope" and envelope[3:5] == ["-", "-"] and envelope[-1] == "0"
+    assert lines[head + 2 + len(options)] == ""
 
 
 def test_verification_catches_an_option_that_writes_one_wrong_cell() -> None:
