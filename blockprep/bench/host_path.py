@@ -525,8 +525,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     load_text = "-" if not loads else f"{min(loads):.2f}-{max(loads):.2f}"
     print(
         f"blockprep host path: {steps} timed steps, {args.runs} runs (medians of the runs' "
-        f"medians), seed {args.seed}, one torch thread, garbage collector off, options "
-        f"interleaved step by step; table kernel: {kernel_backend()}; load average {load_text}"
+        f"medians), seed {args.seed}, one torch thread, garbage collector off; each step every "
+        f"option's engine, then every transfer, then every worker, each stage's options in a "
+        f"shuffled order; table kernel: {kernel_backend()}; load average {load_text}"
     )
     print("\n".join(checked))
     print()
