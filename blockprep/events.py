@@ -31,6 +31,8 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Hashable, Mapping, Sequence
+from itertools import compress
+from operator import ne
 from typing import Any
 
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
@@ -386,8 +388,11 @@ class PackedDeltaEncoder:
 
     def __init__(self, groups: Sequence[str] | None = None) -> None:
         self._groups = _checked_groups(groups)
-        self._keys: set[str] = set() if self._groups is None else set(self._groups)
-        self._held: dict[Hashable, list[list[int]]] = {}
+        names = self._groups or ()
+        self._keys = set(names)
+        self._index = {g: i for i, g in enumerate(names)}
+        self._types = [list] * len(names)
+        self._held: dict[Hashable, Any] = {}  # flat: a list; grouped: {group: list}
         self._next = 0
         self._base: int | None = None
 
@@ -420,70 +425,59 @@ class PackedDeltaEncoder:
             )
         if len(set(request_ids)) != len(request_ids):
             raise BlockprepValueError("request ids must be unique within a batch")
-        held = self._held if self._base is not None else {}
-        names, keys = self._groups, self._keys
+        held = self._held
+        names, keys, index, types = self._groups, self._keys, self._index, self._types
         out: array[int] = array("i")
         count = 0
-        new_held: dict[Hashable, list[list[int]]] = {}
+        new_held: dict[Hashable, Any] = {}
         changes: list[tuple[list[int], list[Any]]] = []  # (held copy, op), applied at the end
         for row, (request, lists) in enumerate(zip(request_ids, block_lists, strict=True)):
+            old = held.get(request)
+            if old is not None and (  # nothing changed: one comparison at C speed
+                (type(lists) is list and lists == old)
+                if names is None
+                else (
+                    type(lists) is dict
+                    and list(map(type, lists.values())) == types
+                    and lists == old
+                )
+            ):
+                new_held[request] = old
+                continue
             if names is None:
                 if isinstance(lists, Mapping):
                     raise BlockprepValueError(
                         f"request {request!r} carries grouped block lists, but this encoder "
                         f"is flat (groups=None)"
                     )
-                rows: tuple[Any, ...] = (lists,)
-            else:
-                if not isinstance(lists, Mapping):
-                    raise BlockprepValueError(
-                        f"request {request!r} carries flat block lists, but this encoder's "
-                        f"groups are {list(names)}"
-                    )
-                if lists.keys() != keys:
-                    raise BlockprepValueError(
-                        f"request {request!r} carries groups {sorted(map(str, lists))}, but "
-                        f"this encoder's groups are {sorted(names)}"
-                    )
-                rows = tuple(lists[g] for g in names)
-            old_rows = held.get(request)
-            copies: list[list[int]] = []
-            for g, ids in enumerate(rows):
-                old = None if old_rows is None else old_rows[g]
-                if old is not None and type(ids) is list and ids == old:
-                    copies.append(old)
-                    continue
-                new = ids if type(ids) is list else _id_copy(ids)
-                where = _place(request, None if names is None else names[g])
-                for op in _ops(old, new, where):
-                    kind = op[0]
-                    if kind in (WHOLE_RECORD, APPEND_RECORD):
-                        out.extend((kind, g, row, len(op[1])))
-                        out.extend(op[1])
-                    elif kind == SET_RECORD:
-                        out.extend((kind, g, row, len(op[1])))
-                        out.extend(op[1])
-                        out.extend(op[2])
-                    else:
-                        out.extend((kind, g, row, op[1]))
-                    count += 1
-                    if kind == WHOLE_RECORD:
-                        old = op[1]
-                    else:
-                        assert old is not None
-                        changes.append((old, op))
-                assert old is not None
-                copies.append(old)
+                new_held[request], n = _row(request, None, 0, row, old, lists, out, changes)
+                count += n
+                continue
+            if not isinstance(lists, Mapping):
+                raise BlockprepValueError(
+                    f"request {request!r} carries flat block lists, but this encoder's "
+                    f"groups are {list(names)}"
+                )
+            if lists.keys() != keys:
+                raise BlockprepValueError(
+                    f"request {request!r} carries groups {sorted(map(str, lists))}, but "
+                    f"this encoder's groups are {sorted(names)}"
+                )
+            copies = {}
+            for name, ids in lists.items():
+                before = None if old is None else old[name]
+                copies[name], n = _row(request, name, index[name], row, before, ids, out, changes)
+                count += n
             new_held[request] = copies
-        for old, op in changes:
+        for copy, op in changes:
             kind = op[0]
             if kind == APPEND_RECORD:
-                old += op[1]
+                copy += op[1]
             elif kind == SET_RECORD:
                 for p, x in zip(op[1], op[2], strict=True):
-                    old[p] = x
+                    copy[p] = x
             else:
-                del old[op[1] :]
+                del copy[op[1] :]
         result = message(self._next, self._base, count, _payload(out))
         self._held = new_held
         self._base = self._next
@@ -491,29 +485,75 @@ class PackedDeltaEncoder:
         return result
 
 
-def _checked(ids: Sequence[Any], where: str) -> list[int]:
-    """``ids`` as plain ints (wire's type check and text), each in ``[0, ID_LIMIT)``."""
+def _row(
+    request: Hashable,
+    group: str | None,
+    g: int,
+    row: int,
+    old: list[int] | None,
+    ids: Any,
+    out: array[int],
+    changes: list[tuple[list[int], list[Any]]],
+) -> tuple[list[int], int]:
+    """One row's records (group ``g`` of batch row ``row``) packed into ``out``: the list the
+    encoder holds for it afterwards (``old`` itself, changed by ``changes`` at the end, or a new
+    copy) and how many records."""
+    if old is not None and type(ids) is list and ids == old:
+        return old, 0
+    new = ids if type(ids) is list else _id_copy(ids)
+    ops = _ops(old, new, request, group)
+    for op in ops:
+        kind = op[0]
+        if kind in (WHOLE_RECORD, APPEND_RECORD):
+            out.extend((kind, g, row, len(op[1])))
+            out.extend(op[1])
+        elif kind == SET_RECORD:
+            out.extend((kind, g, row, len(op[1])))
+            out.extend(op[1])
+            out.extend(op[2])
+        else:
+            out.extend((kind, g, row, op[1]))
+        if kind == WHOLE_RECORD:
+            old = op[1]
+        else:
+            assert old is not None
+            changes.append((old, op))
+    assert old is not None
+    return old, len(ops)
+
+
+def _checked(ids: list[Any], request: Hashable, group: str | None) -> list[int]:
+    """``ids`` (a list of the encoder's own) as plain ints (wire's type check and text), each in
+    ``[0, ID_LIMIT)``."""
+    for x in ids:
+        if type(x) is not int or not 0 <= x < ID_LIMIT:
+            break
+    else:
+        return ids
     values = _plain(ids)
     if values and (min(values) < 0 or max(values) >= ID_LIMIT):
+        where = _place(request, group)
         raise next(_bad_id(x, where) for x in values if not 0 <= x < ID_LIMIT)
     return values
 
 
-def _ops(old: list[int] | None, new: list[Any], where: str) -> list[list[Any]]:
+def _ops(
+    old: list[int] | None, new: list[Any], request: Hashable, group: str | None
+) -> list[list[Any]]:
     """``blockprep.wire._diff``'s choice, as packed record kinds: the fewest-ids records taking
     ``old`` to ``new`` (none when equal)."""
     if old is None:
-        return [[WHOLE_RECORD, _checked(new, where)]]
+        return [[WHOLE_RECORD, _checked(list(new), request, group)]]
     n, m = len(new), len(old)
     if n == m:
-        positions = [p for p in range(n) if new[p] != old[p]]
+        positions = list(compress(range(n), map(ne, new, old)))
         if not positions:
             return []
         if 2 * len(positions) <= n:
-            return [[SET_RECORD, positions, _checked([new[p] for p in positions], where)]]
-        return [[WHOLE_RECORD, _checked(new, where)]]
+            return [[SET_RECORD, positions, _checked([new[p] for p in positions], request, group)]]
+        return [[WHOLE_RECORD, _checked(list(new), request, group)]]
     if n > m and new[:m] == old:
-        return [[APPEND_RECORD, _checked(new[m:], where)]]
+        return [[APPEND_RECORD, _checked(new[m:], request, group)]]
     if n < m and old[:n] == new:
         return [[TRUNCATE_RECORD, n]]
     prefix = 0
@@ -522,5 +562,5 @@ def _ops(old: list[int] | None, new: list[Any], where: str) -> list[list[Any]]:
             break
         prefix += 1
     if 2 * prefix >= n:
-        return [[TRUNCATE_RECORD, prefix], [APPEND_RECORD, _checked(new[prefix:], where)]]
-    return [[WHOLE_RECORD, _checked(new, where)]]
+        return [[TRUNCATE_RECORD, prefix], [APPEND_RECORD, _checked(new[prefix:], request, group)]]
+    return [[WHOLE_RECORD, _checked(list(new), request, group)]]
