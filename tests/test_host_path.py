@@ -175,3 +175,17 @@ def test_deepseek_events_replay_into_the_lists() -> None:
         assert {r: held[r] for r in step.request_ids} == dict(
             zip(step.request_ids, step.lists, strict=True)
         )
+
+
+def test_sequential_times_each_option_alone(capsys: Any) -> None:
+    argv = ["--workload", "qwen3-14b-host-path", "--steps", "2", "--runs", "1", "--sequential"]
+    assert host_path.main([*argv, "--verify-steps", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "each option alone over its own trace, one after the other (--sequential)" in lines[0]
+    assert [line.split()[0] for line in lines[1:3]] == ["verified", "verified"]
+    rows = [line.split() for line in lines if line.startswith("qwen3-14b-host-path-b")]
+    options = [*host_path.workloads()["qwen3-14b-host-path-b16"].options, "envelope"]
+    assert [row[1] for row in rows] == options * 2
+    assert [row[0] for row in rows] == ["qwen3-14b-host-path-b16"] * 7 + [
+        "qwen3-14b-host-path-b256"
+    ] * 7

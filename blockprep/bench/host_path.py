@@ -296,49 +296,59 @@ class Lane:
     def median_us(self, stage: str) -> float:
         return statistics.median(self.ns[stage]) / 1000
 
+    def add(self, values: Sequence[int], sent: bytes) -> None:
+        """One step's stage times (engine, transfer, worker; the envelope: engine) and
+        message."""
+        for stage, value in zip(STAGES, values, strict=False):
+            self.ns[stage].append(value)
+        self.ns["whole"].append(sum(values))
+        self.sizes.append(len(sent))
+        self.blocks.append(block_bytes(sent))
+
 
 ENVELOPE = "envelope"
 """The lane of :class:`~blockprep.bench.host_stages.Envelope` (engine stage only)."""
 
 
-def time_run(workload: HostPathWorkload, steps: int, seed: int) -> dict[str, Lane]:
+def time_run(
+    workload: HostPathWorkload, steps: int, seed: int, *, sequential: bool = False
+) -> dict[str, Lane]:
     """One run: fresh options on the trace, stage by stage and option by option within each
-    step (see the module); also the envelope's engine stage, among the engines."""
+    step (see the module), the envelope's engine stage among the engines; ``sequential``: each
+    option (and the envelope) alone over a trace of its own, one after the other, so that no
+    other option's work comes between two of its steps (the caches stay its own; the ratios
+    then also compare different seconds of the machine)."""
     options = {name: make() for name, make in workload.options.items()}
     envelope, encoder = Envelope(), msgspec.msgpack.Encoder()
     lanes = {name: Lane() for name in [*options, ENVELOPE]}
+    passes = [[name] for name in lanes] if sequential else [list(lanes)]
     rng = random.Random(seed)
     pipe = Pipe()
     clock = time.perf_counter_ns
     try:
         with quiet_process():
-            for index, step in enumerate(workload.trace(steps, seed)):
-                ns: dict[str, list[int]] = {name: [] for name in lanes}
-                sent: dict[str, bytes] = {}
-                received: dict[str, bytes] = {}
-                for stage in ("engine", "transfer", "worker"):
-                    order = list(lanes if stage == "engine" else options)
-                    rng.shuffle(order)
-                    for name in order:
-                        start = clock()
-                        if name == ENVELOPE:
-                            sent[name] = encoder.encode(envelope.message(step))
-                        elif stage == "engine":
-                            sent[name] = options[name].encode(step)
-                        elif stage == "transfer":
-                            received[name] = pipe.transfer(sent[name])
-                        else:
-                            options[name].work(received.pop(name))
-                        ns[name].append(clock() - start)
-                if index < WARM:
-                    continue
-                for name, values in ns.items():
-                    lane = lanes[name]
-                    for stage, value in zip(STAGES, values, strict=False):
-                        lane.ns[stage].append(value)
-                    lane.ns["whole"].append(sum(values))
-                    lane.sizes.append(len(sent[name]))
-                    lane.blocks.append(block_bytes(sent[name]))
+            for names in passes:
+                for index, step in enumerate(workload.trace(steps, seed)):
+                    ns: dict[str, list[int]] = {name: [] for name in names}
+                    sent: dict[str, bytes] = {}
+                    received: dict[str, bytes] = {}
+                    for stage in ("engine", "transfer", "worker"):
+                        order = [n for n in names if stage == "engine" or n != ENVELOPE]
+                        rng.shuffle(order)
+                        for name in order:
+                            start = clock()
+                            if name == ENVELOPE:
+                                sent[name] = encoder.encode(envelope.message(step))
+                            elif stage == "engine":
+                                sent[name] = options[name].encode(step)
+                            elif stage == "transfer":
+                                received[name] = pipe.transfer(sent[name])
+                            else:
+                                options[name].work(received.pop(name))
+                            ns[name].append(clock() - start)
+                    if index >= WARM:
+                        for name, values in ns.items():
+                            lanes[name].add(values, sent[name])
     finally:
         pipe.close()
     return lanes
@@ -496,6 +506,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"steps checked cell for cell before timing (default {VERIFY_STEPS})",
     )
     parser.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+    parser.add_argument(
+        "--sequential",
+        action="store_true",
+        help="time each option alone over its own trace, one after the other (no other "
+        "option's work between two of its steps; for comparison: the ratios then also compare "
+        "different seconds of the machine)",
+    )
     args = parser.parse_args(argv)
     steps = args.steps or (QUICK_STEPS if args.quick else DEFAULT_STEPS)
     chosen = [alias for name in args.workload or names for alias in ALIASES.get(name, (name,))]
@@ -517,17 +534,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = []
         for run in range(args.runs):
             print(f"{name}: run {run + 1}/{args.runs}", file=sys.stderr)
-            runs.append(time_run(workload, steps, args.seed))
+            runs.append(time_run(workload, steps, args.seed, sequential=args.sequential))
             load = load_average()
             if load is not None:
                 loads.append(load)
         results += summarize(workload, runs)
     load_text = "-" if not loads else f"{min(loads):.2f}-{max(loads):.2f}"
+    order = (
+        "each option alone over its own trace, one after the other (--sequential)"
+        if args.sequential
+        else "each step every option's engine, then every transfer, then every worker, each "
+        "stage's options in a shuffled order"
+    )
     print(
         f"blockprep host path: {steps} timed steps, {args.runs} runs (medians of the runs' "
-        f"medians), seed {args.seed}, one torch thread, garbage collector off; each step every "
-        f"option's engine, then every transfer, then every worker, each stage's options in a "
-        f"shuffled order; table kernel: {kernel_backend()}; load average {load_text}"
+        f"medians), seed {args.seed}, one torch thread, garbage collector off; {order}; table "
+        f"kernel: {kernel_backend()}; load average {load_text}"
     )
     print("\n".join(checked))
     print()
