@@ -30,7 +30,7 @@ apply in message order to what its request held as of ``base``, exactly as the s
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -120,14 +120,12 @@ class Record(NamedTuple):
     offset: int
 
 
-def records(message: object, rows: int, groups: int = 1) -> tuple[np.ndarray, list[Record]]:
-    """The payload of a packed message as int32 words, and its records, every header checked:
-    version, ``seq`` and ``base``, checksum, record bounds, kinds, lengths, ``group < groups``
-    and ``row < rows``
-    (the batch's size). The values are not checked (the tables do that).
+def header(message: object) -> tuple[int, int | None, int, bytes]:
+    """``(seq, base, count, data)`` of a packed message whose version, header types and
+    checksum are right.
 
     Raises:
-        DeltaMessageError: any of those wrong (the record and the value named).
+        DeltaMessageError: any of those wrong.
     """
     if not is_packed(message):
         raise DeltaMessageError("a packed block delta message must be a dict with a version 'v'")
@@ -147,33 +145,24 @@ def records(message: object, rows: int, groups: int = 1) -> tuple[np.ndarray, li
         raise DeltaMessageError("packed data must be bytes of whole int32 words")
     if type(count) is not int or message.get("crc") != checksum(seq, base, count, data):
         raise DeltaMessageError(f"packed block delta message {seq!r} fails its checksum")
+    return seq, base, count, data
+
+
+def records(message: object, rows: int, groups: int = 1) -> tuple[np.ndarray, list[Record]]:
+    """The payload of a packed message as int32 words, and its records, every header checked:
+    :func:`header`, then record bounds, kinds, lengths, ``group < groups`` and ``row < rows``
+    (the batch's size). The values are not checked (the tables do that).
+
+    Raises:
+        DeltaMessageError: any of those wrong (the record and the value named).
+    """
+    seq, _, count, data = header(message)
     words = np.frombuffer(data, dtype="<i4")
-    view = memoryview(data).cast("i") if np.little_endian else words
     found: list[Record] = []
-    i, size = 0, len(view)
-    while i < size:
-        index = len(found)
-        if i + HEADER_WORDS > size:
-            raise DeltaMessageError(f"packed record {index} is truncated: its header is cut")
-        kind, group, row, n = view[i], view[i + 1], view[i + 2], view[i + 3]
-        if kind not in _TAGS:
-            raise DeltaMessageError(f"packed record {index}: unknown kind {kind}")
-        if n < 0:
-            raise DeltaMessageError(f"packed record {index}: negative length {n}")
-        if not 0 <= group < groups:
-            raise DeltaMessageError(f"packed record {index}: group {group} not in [0, {groups})")
-        if not 0 <= row < rows:
-            raise DeltaMessageError(
-                f"packed record {index}: row {row} not in the batch's {rows} requests"
-            )
-        width = 0 if kind == TRUNCATE_RECORD else 2 * n if kind == SET_RECORD else n
-        end = i + HEADER_WORDS + width
-        if end > size:
-            raise DeltaMessageError(
-                f"packed record {index} is truncated: it needs {end - i} words, {size - i} left"
-            )
-        found.append(Record(kind, group, row, n, i))
-        i = end
+    for fault, record in _walk(data, rows, groups):
+        if fault:
+            raise DeltaMessageError(f"packed record {len(found)}{fault}")
+        found.append(record)
     if len(found) != count:
         raise DeltaMessageError(
             f"packed block delta message {seq!r} says {count} records, holds {len(found)}"
@@ -181,8 +170,73 @@ def records(message: object, rows: int, groups: int = 1) -> tuple[np.ndarray, li
     return words, found
 
 
-def record_op(words: np.ndarray, record: Record) -> list[Any]:
-    """The :mod:`blockprep.wire` operation a checked record stands for."""
+def _walk(data: bytes, rows: int, groups: int) -> Iterator[tuple[str, Record]]:
+    """Each record of ``data`` in order, with ``""``, or the fault that ends the walk."""
+    view = memoryview(data).cast("i") if np.little_endian else np.frombuffer(data, dtype="<i4")
+    i, size = 0, len(view)
+    none = Record(0, 0, 0, 0, 0)
+    while i < size:
+        if i + HEADER_WORDS > size:
+            yield " is truncated: its header is cut", none
+            return
+        kind, group, row, n = view[i], view[i + 1], view[i + 2], view[i + 3]
+        width = 0 if kind == TRUNCATE_RECORD else 2 * n if kind == SET_RECORD else n
+        if kind not in _TAGS:
+            yield f": unknown kind {kind}", none
+        elif n < 0:
+            yield f": negative length {n}", none
+        elif not 0 <= group < groups:
+            yield f": group {group} not in [0, {groups})", none
+        elif not 0 <= row < rows:
+            yield f": row {row} not in the batch's {rows} requests", none
+        elif i + HEADER_WORDS + width > size:
+            yield f" is truncated: it needs {HEADER_WORDS + width} words, {size - i} left", none
+        else:
+            yield "", Record(int(kind), int(group), int(row), int(n), i)
+            i += HEADER_WORDS + width
+            continue
+        return
+
+
+def index_records(
+    data: bytes, count: int, rows: list[int], groups: int
+) -> list[dict[int, tuple[int, ...]]] | None:
+    """Per group, ``{table row: word offsets of its records, in message order}`` of a payload
+    whose header :func:`header` checked; ``rows[i]`` is the table row of the batch's request
+    ``i``. ``None`` when a record is malformed or ``count`` is wrong (:func:`records` words
+    it). The twin of the compiled kernel's ``index_records`` (same results and errors).
+
+    Raises:
+        TypeError: ``data`` not bytes of whole words, ``rows`` not a list, a record's
+            ``rows[row]`` not an int in ``[0, 2**31)``.
+        ValueError: ``groups`` outside ``[1, 65536]``.
+    """
+    if type(data) is not bytes or len(data) % 4:
+        raise TypeError("data must be bytes of whole int32 words")
+    if type(rows) is not list:
+        raise TypeError("rows must be a list of table rows")
+    if not 1 <= groups <= 1 << 16:
+        raise ValueError(f"groups must be in [1, {1 << 16}], got {groups}")
+    out: list[dict[int, Any]] = [{} for _ in range(groups)]
+    found = 0
+    for fault, record in _walk(data, len(rows), groups):
+        if fault:
+            return None
+        table_row = rows[record.row]
+        if type(table_row) is not int or not 0 <= table_row <= _INT32[1]:
+            raise TypeError(
+                f"rows[{record.row}] must be a table row (an int >= 0), got {table_row!r}"
+            )
+        out[record.group].setdefault(table_row, []).append(record.offset)
+        found += 1
+    if found != count:
+        return None
+    return [{row: tuple(offsets) for row, offsets in sorted(d.items())} for d in out]
+
+
+def record_op(words: Any, record: Record) -> list[Any]:
+    """The :mod:`blockprep.wire` operation a checked record stands for (``words``: the payload
+    as int32 words, an array or a memoryview)."""
     at, n = record.offset + HEADER_WORDS, record.n
     if record.kind == TRUNCATE_RECORD:
         return [TRUNCATE, n]
@@ -220,7 +274,7 @@ def op_at(data: bytes, offset: object, row: int) -> list[Any]:
     Raises:
         ValueError: no whole record there (``row`` named: the caller's bug, not the message's).
     """
-    words = np.frombuffer(data, dtype="<i4")
+    words: Any = memoryview(data).cast("i") if np.little_endian else np.frombuffer(data, "<i4")
     at = offset if type(offset) is int else -1
     kind = count = -1
     if 0 <= at <= len(words) - HEADER_WORDS:

@@ -1,8 +1,11 @@
 import pickle
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from blockprep.packed import checksum, pack, records, unpack
+from blockprep.packed import checksum, index_records, message, pack, records, unpack
 from blockprep.wire import DeltaMessageError
 
 MESSAGE = pack(2, 1, [(1, 0, 0, [5, 6]), (3, 0, 1, [0, 9]), (4, 0, 1, [0])])
@@ -60,3 +63,83 @@ def test_rows_and_groups_are_bounded():
 def test_pack_refuses_bad_records(record):
     with pytest.raises(DeltaMessageError, match="record 0"):
         pack(0, None, [record])
+
+
+# --- index_records: the compiled index and its twin ---------------------------------------------
+
+compiled = pytest.importorskip("blockprep.engine._kernel")
+
+
+def _outcome(function, *args):
+    try:
+        return "ok", function(*args)
+    except (TypeError, ValueError) as error:
+        return type(error).__name__, str(error)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_index_records_compiled_equals_twin(data) -> None:
+    """Random payloads, mostly well formed (whole, append, set, truncate records of a few
+    groups and rows), sometimes cut, with a wrong count, a bad kind, group or row, or a table
+    row that is no int: the compiled index and the twin agree on the result or the error, and
+    a well-formed payload's index is what its records say (checked against ``records``)."""
+    batch = data.draw(st.integers(1, 5))
+    groups = data.draw(st.integers(1, 3))
+    words: list[int] = []
+    count = 0
+    for _ in range(data.draw(st.integers(0, 6))):
+        kind = data.draw(st.integers(1, 4))
+        n = data.draw(st.integers(0, 3))
+        width = 0 if kind == 4 else 2 * n if kind == 3 else n
+        group = data.draw(st.integers(0, groups - 1))
+        row = data.draw(st.integers(0, batch - 1))
+        words += [
+            kind,
+            group,
+            row,
+            n,
+            *data.draw(st.lists(st.integers(-5, 50), min_size=width, max_size=width)),
+        ]
+        count += 1
+    damage = data.draw(st.integers(0, 9))
+    if damage == 1 and words:
+        words = words[: data.draw(st.integers(0, len(words) - 1))]
+    elif damage == 2:
+        count += data.draw(st.sampled_from([-1, 1]))
+    elif damage == 3 and words:
+        words[data.draw(st.integers(0, len(words) - 1))] = data.draw(
+            st.sampled_from([-1, 0, 5, batch, groups, 2**31 - 1, -(2**31)])
+        )
+    rows = data.draw(st.permutations(range(10)))[:batch]
+    if damage == 4:
+        rows[data.draw(st.integers(0, batch - 1))] = data.draw(
+            st.sampled_from([-1, 2**31, "1", 1.0, True])
+        )
+    payload = np.asarray(words, dtype="<i4").tobytes()
+    got_c = _outcome(compiled.index_records, payload, count, rows, groups)
+    got_py = _outcome(index_records, payload, count, rows, groups)
+    assert got_c == got_py
+    if got_c[0] == "ok" and got_c[1] is not None:
+        expected: list[dict[int, list[int]]] = [{} for _ in range(groups)]
+        for record in records(message(0, None, count, payload), batch, groups)[1]:
+            expected[record.group].setdefault(rows[record.row], []).append(record.offset)
+        assert got_c[1] == [{r: tuple(o) for r, o in d.items()} for d in expected]
+    elif got_c[0] == "ok":
+        with pytest.raises(DeltaMessageError):
+            records(message(0, None, count, payload), batch, groups)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (b"\0\0\0", 0, [0], 1),
+        (b"", 0, (0,), 1),
+        (b"", 0, [0], 0),
+        (b"", 0, [0], 2**17),
+        ("", 0, [], 1),
+    ],
+)
+def test_index_records_refuses_bad_arguments(args) -> None:
+    assert _outcome(compiled.index_records, *args) == _outcome(index_records, *args)
+    assert _outcome(index_records, *args)[0] in ("TypeError", "ValueError")

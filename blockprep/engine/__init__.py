@@ -1,9 +1,11 @@
 """The table engine's kernel: compiled (``_kernel``, C) or its pure-Python twin (``twin``).
 
 Both provide ``GroupKernel`` with the same signatures and results (see
-:mod:`blockprep.engine.twin`, the specification). The compiled one is used when it was built and
-``BLOCKPREP_PURE_PYTHON`` is not set (to anything but ``""`` or ``"0"``); :func:`kernel_backend`
-says which runs. As msgpack-python does, the choice is made once, at import.
+:mod:`blockprep.engine.twin`, the specification), and ``index_records``, the index of a packed
+message's records (the twin: :func:`blockprep.packed.index_records`). The compiled ones are
+used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to anything but ``""`` or
+``"0"``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice is made
+once, at import.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from blockprep import log
+from blockprep import log, packed
 from blockprep.engine import twin
 
 FORCED_PURE_PYTHON = os.environ.get("BLOCKPREP_PURE_PYTHON", "") not in ("", "0")
@@ -19,18 +21,21 @@ FORCED_PURE_PYTHON = os.environ.get("BLOCKPREP_PURE_PYTHON", "") not in ("", "0"
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.twin import GroupKernel
+    from blockprep.packed import index_records
 
     BACKEND = "python"
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
+    index_records = packed.index_records
     BACKEND = "python"
 else:
     try:
-        from blockprep.engine._kernel import GroupKernel
+        from blockprep.engine._kernel import GroupKernel, index_records
 
         BACKEND = "c"
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
+        index_records = packed.index_records
         BACKEND = "python"
         log.fallback(error)  # a WARNING record, once (not when forced)
 
@@ -40,4 +45,11 @@ def kernel_backend() -> str:
     return BACKEND
 
 
-__all__ = ["BACKEND", "FORCED_PURE_PYTHON", "GroupKernel", "kernel_backend", "twin"]
+__all__ = [
+    "BACKEND",
+    "FORCED_PURE_PYTHON",
+    "GroupKernel",
+    "index_records",
+    "kernel_backend",
+    "twin",
+]

@@ -587,11 +587,18 @@ static PyTypeObject GroupKernelType = {
     .tp_new = PyType_GenericNew,
 };
 
+static PyMethodDef module_methods[] = {
+    {"index_records", (PyCFunction)bk_index_records, METH_VARARGS,
+     "index_records(data, count, rows, groups) -> [{table row: (offset, ...)}] per group, or None"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef kernel_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_kernel",
     .m_doc = "The table kernel in C (see blockprep/engine/twin.py).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__kernel(void)

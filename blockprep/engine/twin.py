@@ -276,6 +276,10 @@ class GroupKernel:
         order (a bad offset after a rejected record is never read, as in the compiled kernel)."""
         if not offsets:
             return (OPS, r, None)
+        if len(offsets) == 1:  # as its one op (the steady step's fast path included)
+            return self._stage_item(
+                plan, r, src, [packed.op_at(data, offsets[0], r)], convert, None
+            )
         ids = held
         for offset in offsets:
             op = packed.op_at(data, offset, r)

@@ -23,9 +23,10 @@ from blockprep.adapters.deepseek.checks import raise_first, upstream_error
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
 from blockprep.adapters.deepseek.lifecycle import Slot
 from blockprep.batch import DecodeBatch
+from blockprep.engine import index_records
 from blockprep.errors import BlockprepValueError
 from blockprep.grouped import BlockIdValueError, GroupedStep, GroupedTables, TableGroup
-from blockprep.packed import Record, is_packed, records
+from blockprep.packed import header, is_packed, records
 from blockprep.wire import DeltaCursor, DeltaMessageError
 
 
@@ -102,22 +103,23 @@ def plan_deltas(
     ``GROUP_NAMES`` order) is read in place: its records' offsets go to the kernels."""
     data = None
     if is_packed(message):
-        assert isinstance(message, dict)
-        found = records(message, len(batch.request_ids), len(GROUP_NAMES))[1]
-        seq = message["seq"]
-        cursor.check_sequence(seq, message["base"], bool(found))
+        seq, base, count, data = header(message)
+        index = index_records(data, count, assignment.request_rows.tolist(), len(GROUP_NAMES))
+        if index is None:  # a malformed record: the twin's walk words it
+            records(message, len(batch.request_ids), len(GROUP_NAMES))
+            raise AssertionError("index_records refused records that packed.records takes")
+        cursor.check_sequence(seq, base, count > 0)
+        by_name: dict[str, dict[int, Any]] = dict(zip(GROUP_NAMES, index, strict=True))
         rows: Mapping[Any, Any] = {}
-        data = message["data"]
     else:
         seq, rows = cursor.check(message)
     if batch.block_ids_by_group:
         raise BlockprepValueError(
             "a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both"
         )
-    by_name: dict[str, dict[int, Any]] = {name: {} for name in GROUP_NAMES}
-    if data is not None:
-        _packed_changes(by_name, found, batch.request_ids, assignment)
-    elif rows:
+    if data is None:
+        by_name = {name: {} for name in GROUP_NAMES}
+    if rows:
         row_of = assignment.row_of
         for request, groups in rows.items():
             row = row_of.get(request)
@@ -154,24 +156,3 @@ def plan_deltas(
         data=data,
     )
     return step, seq
-
-
-def _packed_changes(
-    by_name: dict[str, dict[int, Any]],
-    found: list[Record],
-    request_ids: Sequence[Any],
-    assignment: Assignment,
-) -> None:
-    """Each group's ``{table row: record offsets}`` of a checked packed message."""
-    groups = list(by_name.values())
-    row_of = assignment.row_of
-    rows: dict[tuple[int, int], list[int]] = {}
-    for record in found:
-        key = (record.group, record.row)
-        offsets = rows.get(key)
-        if offsets is None:
-            rows[key] = [record.offset]
-        else:
-            offsets.append(record.offset)
-    for (group, row), offsets in rows.items():
-        groups[group][row_of[request_ids[row]]] = tuple(offsets)
