@@ -63,6 +63,10 @@ def test_cli_verifies_then_reports_every_stage(capsys: Any) -> None:
     envelope = lines[head + 1 + len(options)].split()
     assert envelope[1] == "envelope" and envelope[3:5] == ["-", "-"] and envelope[-1] == "0"
     assert lines[head + 2 + len(options)] == ""
+    split = lines[head + 3 + len(options) : head + 4 + 2 * len(options)]
+    parts = ["decode", "us", "batch", "us", "prepare", "us", "free", "us"]
+    assert split[0].split() == ["workload", "option", *parts]
+    assert [line.split()[1] for line in split[1:]] == options
 
 
 def test_verification_catches_an_option_that_writes_one_wrong_cell() -> None:
@@ -183,7 +187,8 @@ def test_sequential_times_each_option_alone(capsys: Any) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert "each option alone over its own trace, one after the other (--sequential)" in lines[0]
     assert [line.split()[0] for line in lines[1:3]] == ["verified", "verified"]
-    rows = [line.split() for line in lines if line.startswith("qwen3-14b-host-path-b")]
+    head = next(i for i, line in enumerate(lines) if line.startswith("workload "))
+    rows = [line.split() for line in lines[head + 1 : lines.index("", head)]]
     options = [*host_path.workloads()["qwen3-14b-host-path-b16"].options, "envelope"]
     assert [row[1] for row in rows] == options * 2
     assert [row[0] for row in rows] == ["qwen3-14b-host-path-b16"] * 7 + [

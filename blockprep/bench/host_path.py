@@ -282,6 +282,13 @@ def verify(workload: HostPathWorkload, steps: int, seed: int) -> int:
 
 
 STAGES = ("engine", "transfer", "worker", "whole")
+WORKER_SPLIT = ("decode", "batch", "prepare", "free")
+"""The worker stage's parts: decode the bytes, build the DecodeBatch, prepare, and free the
+step's message and batch (on the worker's return)."""
+
+
+def _split(start: int, decoded: int, built: int, prepared: int, end: int) -> tuple[int, ...]:
+    return decoded - start, built - decoded, prepared - built, end - prepared
 
 
 @dataclass
@@ -289,18 +296,20 @@ class Lane:
     """One option's timed steps in one run: nanoseconds per stage, the message's bytes and how
     many of them carry blocks (:func:`~blockprep.bench.host_stages.block_bytes`, untimed)."""
 
-    ns: dict[str, list[int]] = field(default_factory=lambda: {s: [] for s in STAGES})
+    ns: dict[str, list[int]] = field(default_factory=lambda: {s: [] for s in STAGES + WORKER_SPLIT})
     sizes: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
 
     def median_us(self, stage: str) -> float:
         return statistics.median(self.ns[stage]) / 1000
 
-    def add(self, values: Sequence[int], sent: bytes) -> None:
-        """One step's stage times (engine, transfer, worker; the envelope: engine) and
-        message."""
-        for stage, value in zip(STAGES, values, strict=False):
+    def add(self, values: Sequence[int], sent: bytes, split: Sequence[int]) -> None:
+        """One step's stage times (engine, transfer, worker; the envelope: engine), message
+        and worker split (:data:`WORKER_SPLIT`; none for the envelope)."""
+        for stage, value in zip(STAGES[:3], values, strict=False):
             self.ns[stage].append(value)
+        for part, value in zip(WORKER_SPLIT, split, strict=False):
+            self.ns[part].append(value)
         self.ns["whole"].append(sum(values))
         self.sizes.append(len(sent))
         self.blocks.append(block_bytes(sent))
@@ -332,6 +341,7 @@ def time_run(
                     ns: dict[str, list[int]] = {name: [] for name in names}
                     sent: dict[str, bytes] = {}
                     received: dict[str, bytes] = {}
+                    split: dict[str, tuple[int, ...]] = {}
                     for stage in ("engine", "transfer", "worker"):
                         order = [n for n in names if stage == "engine" or n != ENVELOPE]
                         rng.shuffle(order)
@@ -344,11 +354,14 @@ def time_run(
                             elif stage == "transfer":
                                 received[name] = pipe.transfer(sent[name])
                             else:
-                                options[name].work(received.pop(name))
-                            ns[name].append(clock() - start)
+                                marks = options[name].work(received.pop(name))
+                            end = clock()
+                            ns[name].append(end - start)
+                            if stage == "worker":
+                                split[name] = _split(start, *marks, end)
                     if index >= WARM:
                         for name, values in ns.items():
-                            lanes[name].add(values, sent[name])
+                            lanes[name].add(values, sent[name], split.get(name, ()))
     finally:
         pipe.close()
     return lanes
@@ -387,7 +400,7 @@ def summarize(workload: HostPathWorkload, runs: Sequence[dict[str, Lane]]) -> li
                 name,
                 {
                     s: statistics.median(lane.median_us(s) for lane in lanes)
-                    for s in STAGES
+                    for s in STAGES + WORKER_SPLIT
                     if lanes[0].ns[s]
                 },
                 percentile(pooled, 0.1),
@@ -434,7 +447,21 @@ def table(results: Sequence[OptionResult]) -> str:
                 f"{r.block_bytes:,.0f}",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return _render(rows)
+
+
+def split_table(results: Sequence[OptionResult]) -> str:
+    """A text table of each option's worker stage in its parts (:data:`WORKER_SPLIT`)."""
+    rows: list[tuple[str, ...]] = [("workload", "option", *(f"{s} us" for s in WORKER_SPLIT))]
+    for r in results:
+        if r.option != ENVELOPE:
+            rows.append((r.workload, r.option, *(f"{r.stages_us[s]:,.1f}" for s in WORKER_SPLIT)))
+    return _render(rows)
+
+
+def _render(rows: Sequence[tuple[str, ...]]) -> str:
+    """Columns padded, the first two left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(
             c.ljust(w) if i < 2 else c.rjust(w)
@@ -555,10 +582,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(table(results))
     print()
+    print(split_table(results))
+    print()
     print("\n".join(f"{name}: {what}" for name, what in OPTIONS.items()))
     print(
         f"{ENVELOPE}: not an option: the command with every block list empty (engine only); "
-        "blocks B: the message's bytes less the envelope's"
+        "blocks B: the message's bytes less the envelope's; worker = decode (the bytes) + batch "
+        "(the DecodeBatch built) + prepare + free (the step's message and batch freed)"
     )
     lines = targets(results)
     if lines:

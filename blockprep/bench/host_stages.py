@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -327,7 +328,13 @@ class Option:
         """The engine stage: the step's command built and encoded."""
         return self._encoder.encode(self.engine.message(step))
 
-    def work(self, data: bytes) -> None:
-        """The worker stage: decode, build the batch, prepare slot ``step_id % 2``."""
+    def work(self, data: bytes) -> tuple[int, int, int]:
+        """The worker stage: decode, build the batch, prepare slot ``step_id % 2``; the
+        ``perf_counter_ns`` after each (the step's message and batch are freed on return)."""
+        clock = time.perf_counter_ns
         command = self._decoder.decode(data)
-        self.target.prepare(to_batch(command), command.step_id % WIRE_SLOTS)
+        decoded = clock()
+        batch = to_batch(command)
+        built = clock()
+        self.target.prepare(batch, command.step_id % WIRE_SLOTS)
+        return decoded, built, clock()
