@@ -8,10 +8,15 @@ Each step of a scheduler trace goes through every option's three stages, timed a
 - **worker**: decode the bytes, build the :class:`~blockprep.batch.DecodeBatch`, prepare the
   buffers (DeepSeek V4: slot ``step_id % 2``).
 
-Options (:data:`OPTIONS`): ``upstream`` (every request's lists copied with ``list()`` per group,
-as upstream's engine does, and upstream's rebuild before its fix), ``upstream-fix`` (the same
-with upstream's fix), ``by-value`` (the same lists, blockprep's preparer by value), ``wire``
-(:class:`~blockprep.wire.BlockDeltaEncoder` messages inside the command, blockprep's delta path).
+Options (:data:`OPTIONS`, :mod:`blockprep.bench.host_stages`): ``upstream`` (every request's
+lists copied with ``list()`` per group, as upstream's engine does, and upstream's rebuild before
+its fix), ``upstream-fix`` (the same, upstream's fix), ``by-value`` (the same lists, blockprep's
+preparer by value), ``wire`` (:class:`~blockprep.wire.BlockDeltaEncoder`'s message inside the
+command, blockprep's delta path), ``differ`` (:class:`~blockprep.events.PackedDeltaEncoder`'s
+packed message) and ``recorder`` (the step's events, as the scheduler made them, replayed into a
+:class:`~blockprep.events.BlockEventRecorder`, then its packed message). The ``envelope`` row is
+no option: the command with every block list empty (engine only), what every option sends
+besides its blocks.
 
 Workloads: ``deepseek-v4-host-path`` (the bench's DeepSeek wire trace: 8 ranks x 8 requests,
 :func:`~blockprep.bench.workloads.deepseek_wire_sim`, churn 0.5%, two buffer slots) and
@@ -31,8 +36,9 @@ cache that worker left (the same copy and encode measured 470-530 us after block
 option always follows the same other. Each run is a fresh set of options on the same trace.
 Reported per option: each stage's median (of the runs' medians), the whole step's median (of
 per-step sums of the three stages) with p10-p90 over every run's steps, the ratio ``upstream /
-option`` of whole-step medians within each run (median over runs, min-max), and the message's
-median bytes.
+option`` of whole-step medians within each run (median over runs, min-max), the message's
+median bytes and how many of them carry blocks, and the worker stage in its parts (decode, batch,
+prepare, free). ``--sequential`` times each option alone over its own trace instead.
 """
 
 from __future__ import annotations
