@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 import torch
 
-from blockprep.engine import twin
+from blockprep.engine import rules, twin
 from blockprep.grouped import _convert
 
 NEW, PADDING = twin.NEW, twin.PADDING
@@ -963,7 +963,7 @@ def test_commit_rejects_foreign_plans(K: type) -> None:
 # --- commit: forged C plans -----------------------------------------------------------------------
 
 HEADER = 8  # row, n, mode, count, p0..p3 (int32 each), then n ids
-POSITIONS, SPAN, WHOLE, CHECKED = twin.POSITIONS, twin.SPAN, twin.WHOLE, 16
+POSITIONS, SPAN, WHOLE, CHECKED = rules.POSITIONS, rules.SPAN, rules.WHOLE, 16
 
 
 def record(

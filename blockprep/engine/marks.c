@@ -1,7 +1,7 @@
 /*
  * marks.c: the per-slot marks of a GroupKernel (what each slot's table lacks of the held ids).
  *
- * marks [slots * rows * MARK] holds, per slot and row, mode, count, p0..p3 (as twin._merged).
+ * marks [slots * rows * MARK] holds, per slot and row, mode, count, p0..p3 (as engine/rules.py merged).
  * dirty [slots * words] (words = ceil(rows / 64)) has row r's bit set in slot s exactly when
  * that mark is not CLEAN, so commit renders a slot's marked rows, in row order, without
  * scanning every row. Every write of a mark goes through this file, or render (which cleans).
@@ -25,7 +25,7 @@ static void mark_span(const int32_t *mk, int32_t *lo, int32_t *hi)
     }
 }
 
-/* A slot's mark after another change (mode, count, positions) of its row: as twin._merged. */
+/* A slot's mark after another change (mode, count, positions) of its row: as engine/rules.py merged. */
 static void merge(int32_t *mk, const int32_t *change, int ring)
 {
     int32_t mode = change[0];

@@ -55,28 +55,54 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from blockprep import packed, wire
+from blockprep import packed
+from blockprep.engine.rules import (
+    INT32_MAX,
+    INT32_MIN,
+    INT_ONLY,
+    INTERNED,
+    INTERNED_IDS,
+    LENGTH,
+    MAX_POSITIONS,
+    NEW,
+    OPS,
+    PAD_RANGE,
+    PADDING,
+    POSITIONS,
+    RANGE,
+    REPEAT,
+    TYPE,
+    WHOLE,
+    Change,
+    Fault,
+    Mark,
+    check_set_ids,
+    check_spec,
+    checked_array,
+    equal_ids,
+    holds,
+    index_arg,
+    merged,
+    one_set,
+    positions_mark,
+    same_lengths,
+    same_sizes,
+    src_of,
+)
 from blockprep.tiling import tile_rows
 from blockprep.wire import DeltaMessageError, apply_ops
 
-PADDING, NEW = -2, -1
-"""``srcs`` values besides a row index: a padding row (trusted ids), a request new to the table."""
-TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE, OPS = 1, 2, 3, 4, 5, 6
-"""Fault codes."""
-CLEAN, POSITIONS, SPAN, WHOLE = 0, 1, 2, 3
-"""Slot marks: nothing to write, some positions, a paged range, the whole row."""
-MAX_POSITIONS = 4
-MAX_SLOTS = 1 << 16
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-_INT = {int}
-INTERNED_IDS = 1 << 16
-"""A group's ids below this are held as one shared int object per value (the held lists are
-compared with every step's new int objects: shared ones stay compact in memory)."""
-_INTERNED = list(range(INTERNED_IDS))
-
-Fault = tuple[int, int, object]
-Mark = tuple[int, tuple[int, ...]]  # (mode, positions) or (SPAN, (lo, hi)) or (WHOLE, ())
-_Change = tuple[int, list[int], Mark, bool]  # row, its new ids, its mark, checked (a request)
+__all__ = [  # the fault codes and srcs values callers read from here
+    "LENGTH",
+    "NEW",
+    "OPS",
+    "PADDING",
+    "PAD_RANGE",
+    "RANGE",
+    "REPEAT",
+    "TYPE",
+    "GroupKernel",
+]
 
 
 class GroupKernel:
@@ -101,7 +127,7 @@ class GroupKernel:
         distinct: bool = True,
     ) -> None:
         self._check_idle()
-        _check_spec(ring, width, limit, shortest, pad, rows, slots)
+        check_spec(ring, width, limit, shortest, pad, rows, slots)
         truth, unique = bool(ring), bool(distinct)
         self.distinct = unique
         self.ring, self.width, self.limit = truth, width, limit
@@ -116,12 +142,12 @@ class GroupKernel:
 
     def held(self, row: int) -> list[int] | None:
         """A copy of the ids ``row`` holds (``None``: unknown)."""
-        ids = self._held[_index(row, self.rows, "row")]
+        ids = self._held[index_arg(row, self.rows, "row")]
         return None if ids is None else ids[:]
 
     def length(self, row: int) -> int:
         """How many ids ``row`` holds (-1: unknown)."""
-        ids = self._held[_index(row, self.rows, "row")]
+        ids = self._held[index_arg(row, self.rows, "row")]
         return -1 if ids is None else len(ids)
 
     # --- stage ------------------------------------------------------------------------------------
@@ -132,7 +158,7 @@ class GroupKernel:
         lists: list[list[Any]],
         srcs: list[int],
         convert: Callable[[object], int | None],
-    ) -> tuple[list[_Change] | None, Fault | None]:
+    ) -> tuple[list[Change] | None, Fault | None]:
         """Check and decide the visited rows (``rows``; ``None``: every row, and ``lists`` has
         one list per table row); ``(plan, None)`` or ``(None, fault)``."""
         if (
@@ -159,25 +185,25 @@ class GroupKernel:
                     ]
                 except Exception:  # an id that does not compare: every row decided by itself
                     pass
-                _same_lengths(lists, sizes)  # an id's __eq__ may have changed a row
-            plan: list[_Change] = []
+                same_lengths(lists, sizes)  # an id's __eq__ may have changed a row
+            plan: list[Change] = []
             for i in order:
-                _same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
-                r = i if rows is None else _index(rows[i], self.rows, "row")
+                same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
+                r = i if rows is None else index_arg(rows[i], self.rows, "row")
                 ids = lists[i]
                 if type(ids) is not list:
                     raise TypeError(f"row {r} must be a list, got {type(ids).__name__}")
-                fault = self._stage_row(plan, r, ids, _src(srcs, r, self.rows), convert)
+                fault = self._stage_row(plan, r, ids, src_of(srcs, r, self.rows), convert)
                 if fault is not None:
                     return None, fault
             if order and order[-1] < visits - 1:  # the C looks at every row, the last too
-                _same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
+                same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
             return plan, None
 
     def _plain(self, lists: list[list[Any]], srcs: list[int]) -> bool:
         """Whether every row is a list and every src is valid (so no row skipped as unchanged
         would have been refused)."""
-        if set(map(type, lists)) - {list} or set(map(type, srcs)) - _INT:
+        if set(map(type, lists)) - {list} or set(map(type, srcs)) - INT_ONLY:
             return False
         return not srcs or (min(srcs) >= PADDING and max(srcs) < self.rows)
 
@@ -201,7 +227,7 @@ class GroupKernel:
         srcs: list[int],
         convert: Callable[[object], int | None],
         data: bytes | None = None,
-    ) -> tuple[list[_Change] | None, Fault | None]:
+    ) -> tuple[list[Change] | None, Fault | None]:
         """:meth:`stage` of the visited ``rows`` given as :mod:`blockprep.wire` operations: per
         row, ``items[i]`` is its ops on the ids its request held (``None``: as they were), or,
         given ``data``, a tuple of word offsets of :mod:`blockprep.packed` records in it (read
@@ -220,11 +246,11 @@ class GroupKernel:
         if len(items) != visits:
             raise ValueError(f"items must hold {visits} rows, got {len(items)}")
         with self._staging():
-            plan: list[_Change] = []
+            plan: list[Change] = []
             for i in range(visits):
-                _same_sizes((rows, visits), (items, visits), (srcs, self.rows))
-                r = _index(rows[i], self.rows, "row")
-                src, item = _src(srcs, r, self.rows), items[i]
+                same_sizes((rows, visits), (items, visits), (srcs, self.rows))
+                r = index_arg(rows[i], self.rows, "row")
+                src, item = src_of(srcs, r, self.rows), items[i]
                 fault = self._stage_item(plan, r, src, item, convert, data)
                 if fault is not None:
                     return None, fault
@@ -232,7 +258,7 @@ class GroupKernel:
 
     def _stage_item(
         self,
-        plan: list[_Change],
+        plan: list[Change],
         r: int,
         src: int,
         item: Any,
@@ -251,20 +277,20 @@ class GroupKernel:
             if held is None:
                 return (OPS, r, None)
             return self._stage_row(plan, r, held, src, convert)
-        if src == r and held and self._distinct[r] and (one := _one_set(item, held)):
+        if src == r and held and self._distinct[r] and (one := one_set(item, held)):
             return self._set_one(plan, r, held, *one)  # the steady step, decided here
         try:
             ids = apply_ops(item, held)
         except DeltaMessageError:
             return (OPS, r, None)
-        fault = _check_set_ids(item, r, convert)
+        fault = check_set_ids(item, r, convert)
         if fault is not None:
             return fault
         return self._stage_row(plan, r, ids, src, convert)
 
     def _stage_records(
         self,
-        plan: list[_Change],
+        plan: list[Change],
         r: int,
         src: int,
         held: list[int] | None,
@@ -290,9 +316,7 @@ class GroupKernel:
         assert ids is not None
         return self._stage_row(plan, r, ids, src, convert)
 
-    def _set_one(
-        self, plan: list[_Change], r: int, held: list[int], p: int, x: int
-    ) -> Fault | None:
+    def _set_one(self, plan: list[Change], r: int, held: list[int], p: int, x: int) -> Fault | None:
         """What the general path decides for ``[["s", [p], [x]]]`` on a checked row that stays:
         the same faults (range, then a repeat, which can only be ``x``), the same change."""
         if x == held[p]:
@@ -302,13 +326,13 @@ class GroupKernel:
         if x in held:
             return (REPEAT, r, x)
         new = held[:]
-        new[p] = _INTERNED[x] if self.limit <= INTERNED_IDS else x
+        new[p] = INTERNED[x] if self.limit <= INTERNED_IDS else x
         plan.append((r, new, (POSITIONS, (p,)), True))  # only a distinct kernel gets here
         return None
 
     def _stage_row(
         self,
-        plan: list[_Change],
+        plan: list[Change],
         r: int,
         ids: list[Any],
         src: int,
@@ -316,7 +340,7 @@ class GroupKernel:
     ) -> Fault | None:
         """Check row ``r`` and add its change to ``plan`` (nothing when it holds what it held)."""
         held = self._held
-        if src in (r, PADDING) and _holds(held[r], ids):
+        if src in (r, PADDING) and holds(held[r], ids):
             return None  # it holds exactly what it held: nothing to check or write
         base = held[src] if src >= 0 else held[r] if src == PADDING else None
         distinct = src >= 0 and self._distinct[src]
@@ -326,7 +350,7 @@ class GroupKernel:
         assert new is not None
         old = held[r]
         if changed is not None and src in (r, PADDING) and old is not None and len(old) == len(new):
-            mark = _positions_mark(changed, self.ring)  # the base is what the row holds
+            mark = positions_mark(changed, self.ring)  # the base is what the row holds
         else:
             mark = self._mark(old, new)
         if mark is not None:
@@ -348,7 +372,7 @@ class GroupKernel:
         n = len(ids)
         base = base or []
         m = len(base)
-        if set(map(type, ids)) <= _INT:  # plain ints only: the rule 1 in C-level passes
+        if set(map(type, ids)) <= INT_ONLY:  # plain ints only: the rule 1 in C-level passes
             short = min(n, m)
             first = next(compress(count(), map(operator.ne, ids, base)), short)
             if n == m and first < n and ids[first + 1 :] == base[first + 1 :]:
@@ -388,7 +412,7 @@ class GroupKernel:
                     continue
             else:  # a callback may run any code: the row must not change under it
                 given = x
-                equal = p < m and _equal(x, base[p])
+                equal = p < m and equal_ids(x, base[p])
                 if not equal:
                     x = convert(x)
                 if len(ids) != n:
@@ -435,10 +459,10 @@ class GroupKernel:
                 seen.add(x)
         if self.limit <= INTERNED_IDS:  # held ids as shared objects: compact, compared fast
             if whole:
-                new[:] = map(_INTERNED.__getitem__, new)
+                new[:] = map(INTERNED.__getitem__, new)
             else:
                 for p in changed:
-                    new[p] = _INTERNED[new[p]]
+                    new[p] = INTERNED[new[p]]
         return new, None
 
     def _mark(self, old: list[int] | None, new: list[int]) -> Mark | None:
@@ -450,13 +474,13 @@ class GroupKernel:
             return (WHOLE, ())
         short = min(n, m)
         differ = [*compress(range(short), map(operator.ne, new, old)), *range(short, max(n, m))]
-        return _positions_mark(differ, self.ring)
+        return positions_mark(differ, self.ring)
 
     # --- commit -----------------------------------------------------------------------------------
 
     def commit(
         self,
-        plan: list[_Change],
+        plan: list[Change],
         slot: int,
         table: npt.NDArray[np.int32],
         counts: npt.NDArray[np.int32],
@@ -468,10 +492,10 @@ class GroupKernel:
         width]``); ``(rows written, cells written, the rows when want_rows)``."""
         want = bool(want_rows)
         self._check_idle()
-        slot = _index(slot, self.slots, "slot")
-        table = _checked_array(table, (self.rows, self.width), "table")
-        counts = _checked_array(counts, (self.rows, None), "counts")
-        column = _index(column, counts.shape[1], "column")
+        slot = index_arg(slot, self.slots, "slot")
+        table = checked_array(table, (self.rows, self.width), "table")
+        counts = checked_array(counts, (self.rows, None), "counts")
+        column = index_arg(column, counts.shape[1], "column")
         if type(plan) is not list:
             raise TypeError("plan must be a plan this kernel staged")
         for r, new, mark, checked in plan:
@@ -479,14 +503,14 @@ class GroupKernel:
             self._distinct[r] = checked
             counts[r, column] = len(new)
             for marks in self._marks:
-                marks[r] = _merged(marks.get(r), mark, self.ring)
+                marks[r] = merged(marks.get(r), mark, self.ring)
         return self._render(self._marks[slot], table, want)
 
     def invalidate(self, slot: int) -> None:
         """Mark every row of slot ``slot`` (every slot: -1) whole."""
         self._check_idle()
         every = type(slot) is int and slot == -1
-        targets = self._marks if every else [self._marks[_index(slot, self.slots, "slot")]]
+        targets = self._marks if every else [self._marks[index_arg(slot, self.slots, "slot")]]
         for marks in targets:
             marks.update(dict.fromkeys(range(self.rows), (WHOLE, ())))
 
@@ -507,13 +531,13 @@ class GroupKernel:
             mark = (
                 (WHOLE, ())
                 if old is None or self.ring
-                else _positions_mark(list(range(len(old))), False)
+                else positions_mark(list(range(len(old))), False)
             )
             assert mark is not None
             self._held[r] = []
             self._distinct[r] = False
             for marks in self._marks:
-                marks[r] = _merged(marks.get(r), mark, self.ring)
+                marks[r] = merged(marks.get(r), mark, self.ring)
 
     def forget(self, row: int) -> None:
         """Row ``row`` (every row: -1) holds unknown ids; no slot marks it (its cells are left
@@ -525,7 +549,7 @@ class GroupKernel:
             for marks in self._marks:
                 marks.pop(r, None)
 
-    def rows_of(self, plan: list[_Change]) -> list[int]:
+    def rows_of(self, plan: list[Change]) -> list[int]:
         """The rows a plan this kernel staged changes, in its order."""
         if type(plan) is not list:
             raise TypeError("plan must be a plan this kernel staged")
@@ -534,7 +558,7 @@ class GroupKernel:
     def _targets(self, row: object) -> Sequence[int]:
         if type(row) is int and row == -1:
             return range(self.rows)
-        return (_index(row, self.rows, "row"),)
+        return (index_arg(row, self.rows, "row"),)
 
     def _render(
         self, marks: dict[int, Mark], table: npt.NDArray[np.int32], want_rows: bool
@@ -593,169 +617,3 @@ class GroupKernel:
         )
         block[np.arange(self.width) < lengths[:, None]] = flat
         table[rows] = block
-
-
-def _same_lengths(lists: list[list[Any]], sizes: list[int]) -> None:
-    """``RuntimeError`` naming the first row whose list no longer holds ``sizes`` ids (the
-    compiled kernel's error for a row changed under a comparison while it was planned)."""
-    now = list(map(len, lists))
-    if len(now) == len(sizes) and now != sizes:  # the step itself changed: the row loop says
-        r = next(r for r, (a, b) in enumerate(zip(now, sizes, strict=True)) if a != b)
-        raise RuntimeError(f"row {r} changed while it was planned")
-
-
-def _one_set(ops: object, held: list[int]) -> tuple[int, int] | None:
-    """``(p, x)`` when ``ops`` is exactly ``[["s", [p], [x]]]`` (plain lists, a plain int ``x``
-    and a position ``p`` within ``held``), else ``None``."""
-    if type(ops) is not list or len(ops) != 1:
-        return None
-    op = ops[0]
-    if type(op) is not list or len(op) != 3 or type(op[0]) is not str or op[0] != wire.SET:
-        return None
-    positions, values = op[1], op[2]
-    if type(positions) is not list or type(values) is not list:
-        return None
-    if len(positions) != 1 or len(values) != 1:
-        return None
-    p, x = positions[0], values[0]
-    if type(p) is not int or type(x) is not int or not 0 <= p < len(held):
-        return None
-    return p, x
-
-
-def _src(srcs: Sequence[int], r: int, rows: int) -> int:
-    src = srcs[r]
-    if type(src) is not int or not (src in (PADDING, NEW) or 0 <= src < rows):
-        raise ValueError(f"srcs[{r}] must be -2, -1 or a row, got {src!r}")
-    return src
-
-
-def _check_set_ids(ops: list[Any], r: int, convert: Callable[[object], int | None]) -> Fault | None:
-    """The first id an append or a set names that is not an integer (ops already applied)."""
-    for op in ops:
-        if not isinstance(op, list) or len(op) < 2:
-            continue
-        tag = _tag(op)  # may run a tag's __eq__: op is read again after it
-        ids = op[-1] if len(op) >= 2 else None
-        if tag in (wire.APPEND, wire.SET) and type(ids) is list and not set(map(type, ids)) <= _INT:
-            for x in ids:
-                if type(x) is not int and type(convert(x)) is not int:
-                    return (TYPE, r, x)
-    return None
-
-
-def _tag(op: list[Any]) -> str | None:
-    """The operation ``op`` names, compared in the order apply_ops compares."""
-    if not op:
-        return None
-    tag = op[0]
-    for name in (wire.WHOLE, wire.APPEND, wire.SET, wire.TRUNCATE):
-        if tag == name:
-            return name
-    return None
-
-
-def _same_sizes(*pairs: tuple[list[Any] | None, int]) -> None:
-    """The step's lists still have their sizes (a callback may have changed them)."""
-    for items, size in pairs:
-        if items is not None and len(items) != size:
-            raise RuntimeError("the step changed while it was planned")
-
-
-def _positions_mark(differ: list[int], ring: bool) -> Mark | None:
-    """The mark of a row of unchanged length whose ids differ at ``differ`` (ascending)."""
-    if not differ:
-        return None
-    if len(differ) <= MAX_POSITIONS:
-        return (POSITIONS, tuple(differ))
-    return (WHOLE, ()) if ring else (SPAN, (differ[0], differ[-1] + 1))
-
-
-def _merged(current: Mark | None, mark: Mark, ring: bool) -> Mark:
-    """A slot's mark for a row after another change of it."""
-    if current is None or current[0] == CLEAN:
-        return mark
-    if current[0] == WHOLE or mark[0] == WHOLE:
-        return (WHOLE, ())
-    if current[0] == POSITIONS and mark[0] == POSITIONS:
-        union = sorted(set(current[1]).union(mark[1]))
-        if len(union) <= MAX_POSITIONS:
-            return (POSITIONS, tuple(union))
-        if ring:
-            return (WHOLE, ())
-        return (SPAN, (union[0], union[-1] + 1))
-    lo, hi = _span(current)
-    lo2, hi2 = _span(mark)
-    return (SPAN, (min(lo, lo2), max(hi, hi2)))
-
-
-def _span(mark: Mark) -> tuple[int, int]:
-    mode, where = mark
-    if mode == SPAN:
-        return where[0], where[1]
-    return min(where), max(where) + 1
-
-
-def _holds(held: list[int] | None, ids: list[Any]) -> bool:
-    """Whether ``ids`` are ``held``, id by id (an id whose comparison raises: not)."""
-    if held is None or len(held) != len(ids):
-        return False
-    try:
-        return ids == held
-    except Exception:
-        return False
-
-
-def _equal(x: object, held: int) -> bool:
-    """Whether ``x == held`` (an exception: not equal)."""
-    try:
-        return bool(x == held)
-    except Exception:
-        return False
-
-
-def _index(value: object, size: int, name: str) -> int:
-    if type(value) is not int:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 0 <= value < size:
-        raise IndexError(f"{name} {value} out of range [0, {size})")
-    return value
-
-
-def _checked_array(
-    array: object, shape: tuple[int, int | None], name: str
-) -> npt.NDArray[np.int32]:
-    """``array`` (a NumPy array, or a memoryview: the buffer the C takes) as a writable
-    C-contiguous int32 array of ``shape`` (``None``: any), or the error the C raises."""
-    if isinstance(array, memoryview) and array.format in ("i", "=i", "<i", "@i"):
-        array = np.asarray(array)
-    if not isinstance(array, np.ndarray) or array.dtype != np.int32 or array.ndim != 2:
-        raise TypeError(f"{name} must be a 2-D int32 array")
-    if array.shape[0] != shape[0] or (shape[1] is not None and array.shape[1] != shape[1]):
-        raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
-    if not (array.flags.c_contiguous and array.flags.writeable):
-        raise ValueError(f"{name} must be C-contiguous and writable")
-    return array
-
-
-def _check_spec(
-    ring: object, width: int, limit: int, shortest: int, pad: int, rows: int, slots: int
-) -> None:
-    for name, value in (
-        ("width", width),
-        ("limit", limit),
-        ("shortest", shortest),
-        ("pad", pad),
-        ("rows", rows),
-        ("slots", slots),
-    ):
-        if type(value) is not int:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 0 < width <= INT32_MAX or not 0 < limit <= INT32_MAX + 1:
-        raise ValueError(
-            f"width must be in [1, 2**31) and limit in [1, 2**31], got {width}, {limit}"
-        )
-    if not 0 <= shortest <= width or not INT32_MIN <= pad <= INT32_MAX:
-        raise ValueError(f"shortest must be in [0, width] and pad an int32, got {shortest}, {pad}")
-    if not 0 <= rows <= INT32_MAX or not 0 < slots <= MAX_SLOTS:
-        raise ValueError(f"rows must be in [0, 2**31) and slots in [1, 2**16], got {rows}, {slots}")
