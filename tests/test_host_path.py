@@ -4,6 +4,8 @@ before it times, and reports each stage."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -194,3 +196,13 @@ def test_sequential_times_each_option_alone(capsys: Any) -> None:
     assert [row[0] for row in rows] == ["qwen3-14b-host-path-b16"] * 7 + [
         "qwen3-14b-host-path-b256"
     ] * 7
+
+
+def test_without_msgspec_it_names_the_extra() -> None:
+    code = (
+        "import sys, runpy; sys.modules['msgspec'] = None; "
+        "runpy.run_module('blockprep.bench.host_path', run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "needs msgspec: pip install 'blockprep[bench]'" in done.stderr

@@ -56,8 +56,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-import msgspec
 import numpy as np
+
+try:
+    import msgspec
+except ModuleNotFoundError as error:  # the bench extra
+    raise SystemExit(
+        "python -m blockprep.bench.host_path needs msgspec: pip install 'blockprep[bench]'"
+    ) from error
 
 from blockprep.batch import DecodeBatch
 from blockprep.bench.host_stages import (
