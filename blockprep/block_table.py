@@ -47,8 +47,8 @@ from blockprep.ids import (
     id_list,
 )
 from blockprep.row_checks import convert, raise_row
-from blockprep.row_deltas import RowDeltas, RowItems, row_items
-from blockprep.wire import SET, TRUNCATE
+from blockprep.row_deltas import Changes, RowDeltas, RowItems, packed_changes, row_items
+from blockprep.wire import SET, TRUNCATE, DeltaCursor
 
 _T = TypeVar("_T")
 
@@ -57,7 +57,7 @@ IdsLike = Sequence[int] | npt.NDArray[Any] | torch.Tensor
 
 _WRITE_METHODS = (
     *("write_row", "write_rows", "commit", "copy_row", "fill_rows", "swap_rows", "clear_row"),
-    *("append", "set_ids", "truncate", "apply_deltas"),
+    *("append", "set_ids", "truncate", "apply_deltas", "apply_packed"),
 )
 """The methods that write the buffer: ``verify=True`` checks the table after each."""
 
@@ -477,6 +477,38 @@ class BlockTable:
         (a ``set_ids`` item that is not a ``(row, positions, ids)`` triple included).
         """
         return self._deltas.apply(truncate, set_ids, append)
+
+    def apply_packed(self, message: object, cursor: DeltaCursor | None = None) -> int:
+        """Apply a flat :mod:`blockprep.packed` message (group 0; a record's ``row`` is the table
+        row) through the kernel, which reads its payload in place; return the cells written.
+
+        A row's records apply in order to what it holds (to nothing when ``base`` is ``None``:
+        each row named starts whole); rows not named keep theirs. ``cursor``: the worker's
+        :class:`~blockprep.wire.DeltaCursor`, when the caller keeps one; the message must build
+        on its last (``DeltaSequenceError``) and becomes it once applied. All-or-nothing.
+
+        Raises:
+            DeltaMessageError: the header or a record malformed (:func:`blockprep.packed.records`),
+                records that do not fit the row's ids (the words of
+                :func:`blockprep.wire.apply_ops`, the row named).
+            ValueError: ids the builders refuse for the row's resulting ids (:meth:`write_row`).
+        """
+        seq, base, count, data, changes = packed_changes(message, self._stay, 1)
+        if cursor is not None:
+            cursor.check_sequence(seq, base, count > 0)
+        cells = self._deltas.apply_records(data, changes[0], base is None)
+        if cursor is not None:
+            cursor.last = seq
+        return cells
+
+    def plan_records(self, data: bytes, changes: Changes, *, whole: bool = False) -> RowsPlan:
+        """Check ``changes``, ``{row: word offsets of its records in data}`` (a packed payload,
+        as :func:`blockprep.engine.index_records` gives them), and return the plan for
+        :meth:`commit`; nothing is written. ``whole``: each row named starts anew. Raises what
+        :meth:`apply_packed` raises for records."""
+        staged = self._deltas.plan_records(data, changes, whole)
+        changed = self._kernel.rows_of(staged)
+        return RowsPlan(self, self._epoch, changed, staged, len(changes) - len(changed))
 
     # --- inspection ------------------------------------------------------------------------------
 

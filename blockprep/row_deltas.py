@@ -6,6 +6,8 @@ The checks and their messages are the table's (the row named, then the offending
 kernel checks the ids again and writes only the cells that change. A paged step given as
 ``{row: length}`` and ``{row: ids}`` dicts of plain ints and int lists (a scheduler step) goes to
 the kernel as it is; the checks run only when the kernel refuses it, to pick the message.
+A :mod:`blockprep.packed` message's records go to the kernel as word offsets into its payload,
+read there in place (:func:`packed_changes`, :meth:`RowDeltas.plan_records`).
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
 import torch
 
+from blockprep import packed
+from blockprep.engine import index_records
+from blockprep.engine.rules import NEW, OPS
 from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import (
     INT32_MAX,
@@ -28,8 +33,8 @@ from blockprep.ids import (
     has_integer_dtype,
     is_integer_id,
 )
-from blockprep.row_checks import convert
-from blockprep.wire import APPEND, SET, TRUNCATE
+from blockprep.row_checks import convert, raise_row
+from blockprep.wire import APPEND, SET, TRUNCATE, DeltaMessageError, apply_ops
 
 if TYPE_CHECKING:
     from blockprep.block_table import BlockTable
@@ -62,6 +67,29 @@ def _pairs(items: Iterable[Any], what: str) -> Iterable[tuple[int, Any]]:
         ):
             raise BlockprepTypeError(f"{what} items must be (row, value) pairs, got {item!r}")
         yield item[0], item[1]
+
+
+Changes = dict[int, tuple[int, ...]]
+"""One table's packed records: ``{table row: word offsets of its records}`` (in message order)."""
+
+
+def packed_changes(
+    message: object, rows: list[int], groups: int
+) -> tuple[int, int | None, int, bytes, list[Changes]]:
+    """``(seq, base, count, data, changes)`` of a :mod:`blockprep.packed` message whose records'
+    ``row`` is a table row: ``changes[g]`` is group ``g``'s :data:`Changes`. ``rows`` is
+    ``list(range(num_rows))`` (kept by the caller: one list for every message).
+
+    Raises:
+        DeltaMessageError: :func:`blockprep.packed.records`' faults (version, checksum, a record
+            cut, an unknown kind, a group not below ``groups``, a row not below ``len(rows)``).
+    """
+    seq, base, count, data = packed.header(message)
+    index = index_records(data, count, rows, groups)
+    if index is None:  # a malformed record: the twin's walk words it
+        packed.records(message, len(rows), groups)
+        raise AssertionError("index_records refused records that packed.records takes")
+    return seq, base, count, data, index
 
 
 @dataclass(eq=False, slots=True)
@@ -158,6 +186,45 @@ class RowDeltas:
         plan, fault = table._kernel.stage_ops(rows, items, table._stay, convert)
         assert fault is None, fault  # every delta was checked above
         return self._commit(plan, len(rows))
+
+    def plan_records(self, data: bytes, changes: Changes, whole: bool = False) -> Any:
+        """:meth:`BlockTable.plan_records`: the kernel's plan of ``changes`` (records of
+        ``data`` read in place; ``whole``: every row named starts anew), nothing written."""
+        table = self._table
+        srcs = table._stay
+        if whole:  # a message that builds on nothing: each row's records must start whole
+            srcs = srcs[:]
+            for row in changes:
+                srcs[row] = NEW
+        rows = list(changes)
+        plan, fault = table._kernel.stage_ops(rows, list(changes.values()), srcs, convert, data)
+        if fault is not None:
+            self._raise_records(data, fault, changes[fault[1]], None if whole else fault[1])
+        return plan
+
+    def apply_records(self, data: bytes, changes: Changes, whole: bool = False) -> int:
+        """:meth:`plan_records`, then its commit; the cells written."""
+        plan = self.plan_records(data, changes, whole)
+        return self._commit(plan, len(changes))
+
+    def _raise_records(
+        self, data: bytes, fault: tuple[int, int, Any], offsets: tuple[int, ...], src: int | None
+    ) -> NoReturn:
+        """The error for row ``fault[1]``'s records, which the kernel refused (``src``: the row
+        whose ids they apply to, ``None`` for none): a record that does not fit the ids is
+        :func:`blockprep.wire.apply_ops`' :class:`DeltaMessageError`, the row named; ids that
+        break the table's rules, the builders' error for the ids the records make."""
+        code, row, _ = fault
+        table = self._table
+        held = None if src is None else table._kernel.held(src)
+        ops = [packed.op_at(data, offset, row) for offset in offsets]
+        try:
+            ids = apply_ops(ops, held)
+        except DeltaMessageError as error:
+            raise DeltaMessageError(f"{error} ({self._label} row {row})") from None
+        if code != OPS:
+            raise_row(row, ids, held, table.max_blocks, table.kind)
+        raise AssertionError(f"{self._label} row {row}: the kernel refused {fault}")
 
     def _plain_step(self, truncate: dict[Any, Any], append: dict[Any, Any]) -> int | None:
         """A paged step of plain ints and int lists, straight to the kernel; ``None``, having
