@@ -6,8 +6,11 @@ order and semantics (``vllm/v1/worker/block_table.py``, ``BlockTable`` and
 ``01edfd091847f63b5db913c293f4834c823dac40``), so that a vLLM-like worker can swap them in, and
 add what vLLM's lacks: every id and row is checked before anything is written (an error names the
 row and the value and leaves table, counts and caches as they were), rows past their count always
-hold 0, and :meth:`VllmBlockTable.apply_step` applies a whole scheduler step's row operations in a
-few NumPy calls. The differences from vLLM are listed in :class:`VllmBlockTable`'s docstring.
+hold 0, :meth:`VllmBlockTable.apply_step` applies a whole scheduler step's row operations in a
+few NumPy calls, and :meth:`VllmBlockTable.apply_packed` a step sent as a :mod:`blockprep.packed`
+message, its payload read in place by the table kernel (the step's checks and the packed path:
+:mod:`blockprep.adapters.vllm_steps`). The differences from vLLM are listed in
+:class:`VllmBlockTable`'s docstring.
 
 Example::
 
@@ -21,34 +24,34 @@ Example::
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.block_table import BlockTable, UnknownRowError
+from blockprep.adapters.vllm_steps import (
+    GroupIds,
+    Ids,
+    RowItems,
+    apply_packed,
+    checked_ids,
+    iterable,
+    step_deltas,
+    step_items,
+    unknown_row,
+    where,
+)
+from blockprep.block_table import BlockTable
 from blockprep.buffers import DeviceMirror, host_tensor, torch_device
 from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
-from blockprep.ids import INT32_MAX, NEGATIVE_ID_MESSAGE, as_int, has_integer_dtype, is_integer_id
+from blockprep.ids import as_int
+from blockprep.wire import DeltaCursor
 
 PAD_SLOT_ID = -1
 """The slot of a token past the step's tokens (vLLM's ``PAD_SLOT_ID``)."""
 
-_T = TypeVar("_T")
-
-Ids = Sequence[int] | npt.NDArray[Any] | torch.Tensor
-"""One group's block ids: a list (the fast path), a tuple, a 1-D integer array or tensor."""
-
-GroupIds = Sequence[Ids]
-"""One id list per KV cache group (vLLM's ``tuple[list[int], ...]``)."""
-
-RowItems = Mapping[int, _T] | Iterable[tuple[int, _T]]
-"""Per-row values: a ``{row: value}`` mapping or ``(row, value)`` pairs."""
-
-_INT_ONLY = {int}
 _ROW_COPY_LOOP_MAX = 8
 """A commit to a CPU copy copies up to this many rows one by one; more, in one gathered copy."""
 
@@ -66,80 +69,6 @@ def _kernel_block_size(block_size: int, kernel_block_size: int | None) -> None:
             f"kernel_block_size {kernel_block_size} differs from block_size {block_size}: "
             "hybrid kernel blocks are not supported"
         )
-
-
-def _items(items: RowItems[_T], name: str) -> Iterable[tuple[int, _T]]:
-    if type(items) is list or type(items) is tuple:
-        return items
-    if isinstance(items, Mapping):
-        return items.items()
-    pairs: Iterable[tuple[int, _T]] = _iterable(items, name, "(row, ids) pairs or a mapping")
-    return pairs
-
-
-def _iterable(items: Any, name: str, what: str) -> Any:
-    """``items`` when it is iterable (not a string); ``TypeError`` naming ``name`` otherwise."""
-    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
-        raise BlockprepTypeError(f"{name} must be {what}, got {type(items).__name__}")
-    return items
-
-
-def _unknown(where: str) -> UnknownRowError:
-    return UnknownRowError(
-        f"{where} holds unknown ids (never written by this table, or invalidated): "
-        "write the whole row with add_row() first"
-    )
-
-
-def _plain(ids: object) -> bool:
-    """Whether ``ids`` is a list of plain ints in ``[0, INT32_MAX]`` (decided in C)."""
-    if type(ids) is not list:
-        return False
-    if len(ids) == 1:
-        x = ids[0]
-        return type(x) is int and 0 <= x <= INT32_MAX
-    return not ids or (set(map(type, ids)) == _INT_ONLY and min(ids) >= 0 and max(ids) <= INT32_MAX)
-
-
-def _checked_ids(where: str, ids: object, count: int, max_blocks: int) -> list[int]:
-    """``ids`` as plain ints for a row holding ``count`` of at most ``max_blocks`` blocks;
-    ``TypeError``/``ValueError`` naming ``where`` (the row) and the offending value."""
-    if _plain(ids):
-        values: list[Any] = ids  # type: ignore[assignment]
-    else:
-        if isinstance(ids, (np.ndarray, torch.Tensor)):
-            if ids.ndim != 1:
-                raise BlockprepValueError(
-                    f"{where} block ids must be one-dimensional, got shape {tuple(ids.shape)}"
-                )
-            if not has_integer_dtype(ids):
-                raise BlockprepTypeError(
-                    f"{where} block ids have dtype {ids.dtype}; block IDs must be integers"
-                )
-            raw: list[Any] = ids.tolist()
-        elif isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-            name = type(ids).__name__
-            raise BlockprepTypeError(f"{where} block ids must be a sequence of ints, got {name}")
-        else:
-            raw = list(ids)
-        values = []
-        for x in raw:
-            if not is_integer_id(x):
-                name = type(x).__name__
-                raise BlockprepTypeError(
-                    f"{where} holds {x!r} of type {name}; block IDs must be integers"
-                )
-            value = operator.index(x)
-            if value < 0:
-                raise BlockprepValueError(f"{NEGATIVE_ID_MESSAGE} ({where}, id {value})")
-            if value > INT32_MAX:
-                raise BlockprepValueError(f"{where} holds block ID {value}, maximum is {INT32_MAX}")
-            values.append(value)
-    if count + len(values) > max_blocks:
-        raise BlockprepValueError(
-            f"{where} would hold {count + len(values)} blocks, maximum is {max_blocks}"
-        )
-    return values
 
 
 class VllmBlockTable:
@@ -180,7 +109,8 @@ class VllmBlockTable:
       since they were last copied, and nothing when none was (vLLM copies ``num_reqs`` rows every
       step); on a shared CPU "device" there is nothing to copy.
     - ``get_device_tensor(num_reqs=None)``: every row when ``num_reqs`` is omitted.
-    - :meth:`apply_step` (a whole scheduler step in one call) has no vLLM counterpart.
+    - :meth:`apply_step` (a whole scheduler step in one call) and :meth:`apply_packed` (one sent
+      as packed int32 records), with :meth:`resync_request`, have no vLLM counterpart.
     - Hybrid kernel block sizes and decode context parallelism are not supported.
     - Rows must be written through these methods: writing the NumPy view directly bypasses the
       row cache (call ``table.invalidate()``; afterwards only ``add_row`` may write the row).
@@ -227,6 +157,8 @@ class VllmBlockTable:
             device_tensor.numpy() if device_tensor.device.type == "cpu" else None
         )
         self._stale: set[int] = set()  # rows written but not yet copied to the device tensor
+        self._cursor = DeltaCursor()  # the last packed message applied (apply_packed)
+        self._row_list = list(range(self.max_num_reqs))  # a packed record's row: the table row
         self._lengths = self._table.lengths
         self.slot_mapping_cpu = host_tensor(
             (self.max_num_batched_tokens,), torch.int64, fill=PAD_SLOT_ID, pin_memory=pin_memory
@@ -271,7 +203,7 @@ class VllmBlockTable:
         table = self._table
         if not table.knows(row_idx):  # invalidated: written whole, its ids checked
             where = f"block-table row {row_idx}"
-            table.write_row(row_idx, _checked_ids(where, block_ids, 0, self.max_num_blocks_per_req))
+            table.write_row(row_idx, checked_ids(where, block_ids, 0, self.max_num_blocks_per_req))
             return
         table.apply_deltas(truncate={row_idx: 0}, append={row_idx: block_ids})
 
@@ -323,8 +255,8 @@ class VllmBlockTable:
         """
         commit = None if num_reqs is None else self._num_reqs(num_reqs)
         table = self._table
-        truncate, append, pairs = _step_deltas(
-            table, finished, _items(appended, "appended"), _items(added, "added"), moves
+        truncate, append, pairs = step_deltas(
+            table, finished, step_items(appended, "appended"), step_items(added, "added"), moves
         )
         if truncate or append:
             table.apply_deltas(truncate=truncate, append=append)
@@ -332,6 +264,44 @@ class VllmBlockTable:
             table.copy_row(src, tgt)
         if commit is not None:
             self.commit_block_table(commit)
+
+    def apply_packed(
+        self,
+        message: object,
+        *,
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """Apply one step sent as a :mod:`blockprep.packed` message, all-or-nothing: the table's
+        kernel reads the records in place (no Python int per id), then ``moves`` and
+        ``num_reqs`` as in :meth:`apply_step`.
+
+        A record's ``row`` is the table row, ``group`` 0. The records stand for vLLM's calls:
+        whole for ``add_row``, append for ``append_row``, truncate for a truncation (to 0:
+        ``clear_row``), set for ids at positions; a row's records apply in order to what it
+        holds. The message must build on the last one this table applied (``base``; ``None``,
+        a resync: each row named starts whole, the others keep what they hold); after a
+        refusal send :meth:`resync_request` back to the scheduler. Rows written by the other
+        methods change what later records apply to.
+
+        Raises (nothing written):
+            DeltaMessageError: the header (version, checksum) or a record malformed, a row out
+                of range, records that do not fit the row's ids (a truncation or position past
+                its length, a row of unknown ids not starting whole: the row named).
+            DeltaSequenceError: ``base`` is not the last message applied.
+            ValueError: a negative id, more blocks than the row has columns (the row named);
+                ``num_reqs`` out of range.
+            TypeError, IndexError: a move that is no pair of rows.
+        """
+        commit = None if num_reqs is None else self._num_reqs(num_reqs)
+        apply_packed([self._table], self._row_list, self._cursor, message, moves)
+        if commit is not None:
+            self.commit_block_table(commit)
+
+    def resync_request(self) -> dict[str, Any]:
+        """What the worker sends back after a refused :meth:`apply_packed` message:
+        :func:`blockprep.wire.resync_request` of the last message applied."""
+        return self._cursor.resync_request()
 
     # --- hand-off --------------------------------------------------------------------------------
 
@@ -441,40 +411,6 @@ class VllmBlockTable:
         return out
 
 
-def _step_deltas(
-    table: BlockTable,
-    finished: Iterable[int],
-    appended: Iterable[tuple[int, Ids | None]],
-    added: Iterable[tuple[int, Ids]],
-    moves: Iterable[tuple[int, int]],
-) -> tuple[dict[int, int], dict[int, Any], list[tuple[int, int]]]:
-    """One group's step as ``apply_deltas`` arguments (``{row: 0}`` truncations, ``{row: ids}``
-    appends) and the moves, whose rows are checked here: ``apply_deltas`` checks the rest."""
-    truncate = dict.fromkeys(_iterable(finished, "finished", "an iterable of rows"), 0)
-    append: dict[int, Any] = {}
-    for row, ids in appended:
-        if row in append:
-            raise BlockprepValueError(f"block-table row {row} appears more than once in appended")
-        if ids is not None:
-            append[row] = ids
-    replaced: set[int] = set()
-    for row, ids in added:
-        if row in replaced:
-            raise BlockprepValueError(f"block-table row {row} appears more than once in added")
-        if row in append:
-            raise BlockprepValueError(f"block-table row {row} appears in both appended and added")
-        replaced.add(row)
-        truncate[row] = 0
-        append[row] = ids
-    pairs = moves if type(moves) is list else list(_iterable(moves, "moves", "(src, tgt) pairs"))
-    num_rows = table.num_rows
-    for pair in pairs:
-        for row in pair:
-            if type(row) is not int or not 0 <= row < num_rows:
-                table.cached_ids(row)  # raises the table's TypeError or IndexError
-    return truncate, append, pairs
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -544,6 +480,7 @@ class VllmMultiGroupBlockTable:
             for size, width in zip(sizes, widths, strict=True)
         ]
         self._num_rows = self.block_tables[0].max_num_reqs
+        self._cursor = DeltaCursor()  # the last packed message applied (apply_packed)
 
     def __getitem__(self, idx: int) -> VllmBlockTable:
         """Group ``idx``'s table."""
@@ -557,7 +494,7 @@ class VllmMultiGroupBlockTable:
         checked = self._group_ids(block_ids, row_idx, append=True)
         for g, table in enumerate(self.block_tables):
             if not table.table.knows(row_idx):
-                raise _unknown(_where(g, row_idx))
+                raise unknown_row(where(g, row_idx))
         for table, ids in zip(self.block_tables, checked, strict=True):
             table.table.append(row_idx, ids)
 
@@ -604,10 +541,10 @@ class VllmMultiGroupBlockTable:
         is checked before any group is written."""
         first = self.block_tables[0]
         commit = None if num_reqs is None else first._num_reqs(num_reqs)
-        finished = list(_iterable(finished, "finished", "an iterable of rows"))
-        appended_items = list(_items(appended, "appended"))
-        added_items = list(_items(added, "added"))
-        moves = list(_iterable(moves, "moves", "(src, tgt) pairs"))
+        finished = list(iterable(finished, "finished", "an iterable of rows"))
+        appended_items = list(step_items(appended, "appended"))
+        added_items = list(step_items(added, "added"))
+        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
         groups = len(self.block_tables)
         for row, ids in [*appended_items, *added_items]:
             if ids is not None and len(ids) != groups:
@@ -620,7 +557,7 @@ class VllmMultiGroupBlockTable:
         steps = []
         for g, group in enumerate(self.block_tables):
             table = group.table
-            truncate, append, pairs = _step_deltas(
+            truncate, append, pairs = step_deltas(
                 table,
                 finished,
                 [(row, None if ids is None else ids[g]) for row, ids in appended_items],
@@ -630,10 +567,10 @@ class VllmMultiGroupBlockTable:
             width = group.max_num_blocks_per_req
             for row in [*truncate, *append]:
                 if not table.knows(self._row(row)):
-                    raise _unknown(_where(g, row))
+                    raise unknown_row(where(g, row))
             for row, ids in append.items():
                 count = 0 if row in truncate else int(group.num_blocks_per_row[self._row(row)])
-                append[row] = _checked_ids(_where(g, row), ids, count, width)
+                append[row] = checked_ids(where(g, row), ids, count, width)
             steps.append((table, truncate, append, pairs))
         # Everything is checked: from here on nothing raises.
         for table, truncate, append, pairs in steps:
@@ -643,6 +580,27 @@ class VllmMultiGroupBlockTable:
                 table.copy_row(src, tgt)
         if commit is not None:
             self.commit_block_table(commit)
+
+    def apply_packed(
+        self,
+        message: object,
+        *,
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """:meth:`VllmBlockTable.apply_packed` for every group: a record's ``group`` is the KV
+        cache group's index. Every group's records are planned before any group is written;
+        an error names the group first (``KV cache group 1: ...``)."""
+        first = self.block_tables[0]
+        commit = None if num_reqs is None else first._num_reqs(num_reqs)
+        tables = [group.table for group in self.block_tables]
+        apply_packed(tables, first._row_list, self._cursor, message, moves)
+        if commit is not None:
+            self.commit_block_table(commit)
+
+    def resync_request(self) -> dict[str, Any]:
+        """:meth:`VllmBlockTable.resync_request` (one message sequence for every group)."""
+        return self._cursor.resync_request()
 
     # --- hand-off --------------------------------------------------------------------------------
 
@@ -686,9 +644,5 @@ class VllmMultiGroupBlockTable:
         checked = []
         for g, (table, ids) in enumerate(zip(self.block_tables, block_ids, strict=True)):
             count = int(table.num_blocks_per_row[row]) if append else 0
-            checked.append(_checked_ids(_where(g, row), ids, count, table.max_num_blocks_per_req))
+            checked.append(checked_ids(where(g, row), ids, count, table.max_num_blocks_per_req))
         return checked
-
-
-def _where(group: int, row: int) -> str:
-    return f"KV cache group {group} block-table row {row}"
