@@ -140,11 +140,14 @@ class BlockEventRecorder:
         )
         self._live: dict[Hashable, _Live] = {}
         self._words: array[int] = array("i")
+        self._heads: list[int] = []  # where each of the step's records starts in _words
         self._fresh: list[_Live] = []
         self._free: list[int] = []  # handles of finished requests, reusable after a message
         self._released: list[int] = []
         self._handles = 0
         self._previous: set[Hashable] = set()
+        self._last_ids: list[Hashable] | None = None  # the last message's batch
+        self._rows: dict[int, int] = {}  # its handles' batch rows (requests sent as records)
         self._next = 0
         self._base: int | None = None
 
@@ -194,6 +197,7 @@ class BlockEventRecorder:
                 raise _bad_id(ids, _place(request, group))
             row.append(ids)
             if not live.fresh:
+                self._heads.append(len(self._words))
                 self._words.extend((APPEND_RECORD, g, live.handle, 1, ids))
             return
         values = _ids_of(ids, _place(request, group))
@@ -202,6 +206,7 @@ class BlockEventRecorder:
         row.extend(values)
         if not live.fresh:
             words = self._words
+            self._heads.append(len(words))
             words.extend((APPEND_RECORD, g, live.handle, len(values)))
             words.extend(values)
 
@@ -226,6 +231,7 @@ class BlockEventRecorder:
                 raise _bad_id(ids, f"{_place(request, group)}, position {positions}")
             row[positions] = ids
             if not live.fresh:
+                self._heads.append(len(self._words))
                 self._words.extend((SET_RECORD, g, live.handle, 1, positions, ids))
             return
         where = _place(request, group)
@@ -250,6 +256,7 @@ class BlockEventRecorder:
             row[p] = x
         if not live.fresh:
             words = self._words
+            self._heads.append(len(words))
             words.extend((SET_RECORD, g, live.handle, len(positions)))
             words.extend(positions)
             words.extend(ids)
@@ -267,6 +274,7 @@ class BlockEventRecorder:
             return
         del row[length:]
         if not live.fresh:
+            self._heads.append(len(self._words))
             self._words.extend((TRUNCATE_RECORD, g, live.handle, length))
 
     def finish(self, request: Hashable) -> None:
@@ -316,6 +324,38 @@ class BlockEventRecorder:
                 f"BlockEventRecorder.message: request_ids must be a list or tuple, got "
                 f"{type(request_ids).__name__}"
             )
+        if (
+            self._base is not None
+            and not self._fresh
+            and not self._released
+            and request_ids == self._last_ids
+        ):  # the batch of the last message, no request started or finished since: no lookups
+            out: array[int] = array("i")
+            count = self._remap(out, self._rows)
+        else:
+            out, count, rows, every = self._whole_rows(request_ids)
+            count += self._remap(out, rows)
+            self._previous = set(request_ids)
+            self._last_ids = list(request_ids)
+            self._rows = every
+        result = message(self._next, self._base, count, _payload(out))
+        self._base = self._next
+        self._next += 1
+        self._words = array("i")
+        self._heads = []
+        for state in self._fresh:
+            state.fresh = False
+        self._fresh = []
+        self._free += self._released
+        self._released = []
+        return result
+
+    def _whole_rows(
+        self, request_ids: Sequence[Hashable]
+    ) -> tuple[array[int], int, dict[int, int], dict[int, int]]:
+        """The whole records of the batch's requests new to the worker, their count, the batch
+        row of every other request's handle, and of every request's (checked: every request
+        live, none twice)."""
         live = self._live
         states = []
         for row, request in enumerate(request_ids):
@@ -339,29 +379,30 @@ class BlockEventRecorder:
                 count += len(state.lists)
             else:
                 rows[state.handle] = row
-        words = self._words
-        if words and rows:
-            i, size = 0, len(words)
-            while i < size:
-                kind, n = words[i], words[i + 3]
-                end = i + 4 + (n if kind == APPEND_RECORD else 2 * n if kind == SET_RECORD else 0)
-                row_of = rows.get(words[i + 2])
-                if row_of is not None:
-                    words[i + 2] = row_of
-                    out.extend(words[i:end])
-                    count += 1
-                i = end
-        result = message(self._next, self._base, count, _payload(out))
-        self._base = self._next
-        self._next += 1
-        self._previous = set(request_ids)
-        self._words = array("i")
-        for state in self._fresh:
-            state.fresh = False
-        self._fresh = []
-        self._free += self._released
-        self._released = []
-        return result
+        every = {state.handle: row for row, state in enumerate(states)}
+        return out, count, rows, every
+
+    def _remap(self, out: array[int], rows: dict[int, int]) -> int:
+        """The step's records of the requests in ``rows`` appended to ``out``, each handle
+        replaced by its batch row; how many."""
+        words, heads = self._words, self._heads
+        if not words or not rows:
+            return 0
+        fields = [words[i + 2] for i in heads]
+        if all(map(rows.__contains__, fields)):  # every record goes: patch the rows in place
+            for i, handle in zip(heads, fields, strict=True):
+                words[i + 2] = rows[handle]
+            out.extend(words)
+            return len(heads)
+        count = 0
+        ends = [*heads[1:], len(words)]
+        for i, end, handle in zip(heads, ends, fields, strict=True):
+            row = rows.get(handle)
+            if row is not None:
+                words[i + 2] = row
+                out.extend(words[i:end])
+                count += 1
+        return count
 
     def resync(self, request: Mapping[str, Any] | None = None) -> None:
         """The next message carries every request of its batch whole (``request``: the
