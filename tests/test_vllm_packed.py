@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -469,3 +470,159 @@ def test_any_trace_packed_equals_apply_step(
     seed: int, rows: int, block_sizes: list[int], churn: float
 ) -> None:
     Trace(rows, block_sizes, seed, churn).run(30, bad=0.3)
+
+
+def _facade() -> VllmBlockTable:
+    table = VllmBlockTable(16, max_num_reqs=4, max_num_blocks_per_req=6, max_num_batched_tokens=8)
+    table.apply_packed(pack(0, None, [(WHOLE, 0, 0, [7, 3]), (WHOLE, 0, 1, [5, 6, 9])]))
+    return table
+
+
+def test_records_mean_vllms_calls_then_moves_and_commit() -> None:
+    table = VllmBlockTable(
+        16, max_num_reqs=4, max_num_blocks_per_req=6, max_num_batched_tokens=8, separate=True
+    )
+    table.apply_packed(pack(0, None, [(WHOLE, 0, 0, [7, 3]), (WHOLE, 0, 1, [5, 6, 9])]))
+    records = [
+        (APPEND, 0, 0, [4]),  # append_row([4], 0)
+        (TRUNCATE, 0, 1, [0]),  # clear_row(1)
+        (WHOLE, 0, 2, [8, 2]),  # add_row([8, 2], 2)
+        (SET, 0, 2, [1, 11]),  # then its position 1 holds 11
+    ]
+    table.apply_packed(pack(1, 0, records), moves=[(2, 1)], num_reqs=2)
+    assert table.get_numpy_array().tolist() == [
+        [7, 3, 4, 0, 0, 0],
+        [8, 11, 0, 0, 0, 0],
+        [8, 11, 0, 0, 0, 0],  # a move's source keeps its blocks, as in vLLM
+        [0, 0, 0, 0, 0, 0],
+    ]
+    assert table.num_blocks_per_row.tolist() == [3, 2, 2, 0]
+    assert table.get_device_tensor(2).tolist() == [[7, 3, 4, 0, 0, 0], [8, 11, 0, 0, 0, 0]]
+    assert table.resync_request() == {"resync": True, "applied": 1}
+
+
+BAD = [
+    (
+        (APPEND, 0, 1, [2, -4]),
+        ValueError,
+        "block IDs must not be negative (block-table row 1, id -4)",
+    ),
+    ((APPEND, 0, 1, [1, 2, 3, 4]), ValueError, "row 1 has 7 blocks, maximum is 6"),
+    ((WHOLE, 0, 3, list(range(7))), ValueError, "row 3 has 7 blocks, maximum is 6"),
+    (
+        (TRUNCATE, 0, 0, [3]),
+        DeltaMessageError,
+        "truncate length 3 is not an int in [0, 2] (block-table row 0)",
+    ),
+    (
+        (SET, 0, 0, [2, 8]),
+        DeltaMessageError,
+        "position 2 is not an int in [0, 2) (block-table row 0)",
+    ),
+    ((SET, 0, 0, [0, 0, 8, 9]), DeltaMessageError, "positions [0, 0] repeat (block-table row 0)"),
+    (
+        (APPEND, 0, 4, [1]),
+        DeltaMessageError,
+        "packed record 1: row 4 not in the batch's 4 requests",
+    ),
+    ((APPEND, 1, 0, [1]), DeltaMessageError, "packed record 1: group 1 not in [0, 1)"),
+]
+
+
+@pytest.mark.parametrize(("record", "error", "text"), BAD)
+def test_a_bad_record_is_refused_by_name_with_nothing_written(
+    record: Any, error: type[Exception], text: str
+) -> None:
+    table = _facade()
+    before = snapshot(table)
+    good = (APPEND, 0, 2, [4])  # in the same message: not written either
+    with pytest.raises(error) as raised:
+        table.apply_packed(pack(1, 0, [good, record]), num_reqs=2)
+    assert str(raised.value) == text
+    assert snapshot(table) == before
+    table.apply_packed(pack(1, 0, [good]))  # the same seq, well formed: applied
+    assert table.num_blocks_per_row.tolist() == [2, 3, 1, 0]
+
+
+def test_a_damaged_or_out_of_sequence_message_is_refused_with_nothing_written() -> None:
+    table = _facade()
+    before = snapshot(table)
+    message = pack(1, 0, [(APPEND, 0, 0, [4])])
+    flipped = dict(message, data=b"\x03" + message["data"][1:])
+    cut = resealed(message, message["data"][:-4])
+    cases = [
+        (flipped, DeltaMessageError, "packed block delta message 1 fails its checksum"),
+        (cut, DeltaMessageError, "packed record 0 is truncated: it needs 5 words, 4 left"),
+        (dict(message, v=2), DeltaMessageError, "version 2; this worker reads 1"),
+        (pack(2, 1, [(APPEND, 0, 0, [4])]), DeltaSequenceError, "the worker last applied 0"),
+        (pack(0, 0, [(APPEND, 0, 0, [4])]), DeltaSequenceError, "seq must be after its base"),
+        (pack(1, None, [(APPEND, 0, 0, [4])]), DeltaMessageError, "must come with its whole"),
+    ]
+    for bad, error, text in cases:
+        with pytest.raises(error, match=re.escape(text)):
+            table.apply_packed(bad)
+        assert snapshot(table) == before
+        assert table.resync_request() == {"resync": True, "applied": 0}
+    for moves, error in (([(0, 4)], IndexError), ([(0, "1")], TypeError)):
+        with pytest.raises(error):
+            table.apply_packed(message, moves=moves)
+        assert snapshot(table) == before
+    with pytest.raises(ValueError, match=re.escape("num_reqs must be in [0, 4], got 5")):
+        table.apply_packed(message, num_reqs=5)
+    assert snapshot(table) == before
+    table.apply_packed(message)
+    assert table.num_blocks_per_row.tolist() == [3, 3, 0, 0]
+
+
+def test_an_invalidated_row_takes_a_whole_record_only() -> None:
+    table = _facade()
+    table.table.invalidate(1)
+    before = snapshot(table)
+    with pytest.raises(DeltaMessageError, match=re.escape("whole list (block-table row 1)")):
+        table.apply_packed(pack(1, 0, [(APPEND, 0, 1, [4])]))
+    assert snapshot(table) == before
+    table.apply_packed(pack(1, 0, [(WHOLE, 0, 1, [4]), (APPEND, 0, 1, [2])]))
+    assert table.get_numpy_array()[1].tolist() == [4, 2, 0, 0, 0, 0]
+
+
+def test_multi_group_plans_every_group_before_writing_any() -> None:
+    table = VllmMultiGroupBlockTable(4, 256, 8, False, "cpu", [16, 32], max_num_blocks=[16, 8])
+    whole = [(WHOLE, g, r, [10 * r + g + 1]) for r in range(2) for g in range(2)]
+    table.apply_packed(pack(0, None, whole), num_reqs=2)
+    before = snapshot(table)
+    records = [(APPEND, 0, 0, [5]), (APPEND, 1, 0, [6]), (TRUNCATE, 1, 1, [2])]
+    with pytest.raises(DeltaMessageError) as raised:
+        table.apply_packed(pack(1, 0, records), moves=[(1, 0)], num_reqs=2)
+    assert str(raised.value) == (
+        "KV cache group 1: truncate length 2 is not an int in [0, 1] (block-table row 1)"
+    )
+    assert snapshot(table) == before
+    table.apply_packed(pack(1, 0, records[:2]), moves=[(1, 2)], num_reqs=3)
+    assert table[0].get_numpy_array()[:3, :3].tolist() == [[1, 5, 0], [11, 0, 0], [11, 0, 0]]
+    assert table[1].get_numpy_array()[:3, :3].tolist() == [[2, 6, 0], [12, 0, 0], [12, 0, 0]]
+    assert table.resync_request() == {"resync": True, "applied": 1}
+
+
+def test_block_table_apply_packed_with_and_without_a_cursor() -> None:
+    from blockprep import BlockTable
+    from blockprep.wire import DeltaCursor
+
+    paged = BlockTable(3, 4, kind="paged", pad=-1)
+    assert paged.apply_packed(pack(5, 4, [(WHOLE, 0, 2, [1, 2])])) == 2  # no cursor: no order
+    cursor = DeltaCursor()
+    paged.apply_packed(pack(0, None, [(WHOLE, 0, 0, [3])]), cursor)
+    with pytest.raises(DeltaSequenceError):
+        paged.apply_packed(pack(2, 1, [(WHOLE, 0, 0, [3])]), cursor)
+    paged.apply_packed(pack(1, 0, [(APPEND, 0, 0, [4]), (SET, 0, 2, [0, 9])]), cursor)
+    assert cursor.last == 1
+    expected = reference.block_table_per_row([[3, 4], [], [9, 2]], max_blocks=4, pad=-1)
+    assert paged.numpy().tolist() == expected.tolist()
+    ring = BlockTable(2, 6, kind="ring", pad=0)
+    ring.apply_packed(pack(0, None, [(WHOLE, 0, 0, [1, 2, 3]), (SET, 0, 0, [1, 7])]))
+    assert (
+        ring.numpy()[0].tolist()
+        == reference.ring_block_table_repeat([[1, 7, 3]], max_blocks=6)[0].tolist()
+    )
+    with pytest.raises(ValueError, match=re.escape("ring block-table row 0 has no allocated")):
+        ring.apply_packed(pack(1, 0, [(TRUNCATE, 0, 0, [0])]))
+    assert ring.cached_ids(0) == [1, 7, 3]
