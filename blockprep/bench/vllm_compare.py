@@ -9,19 +9,23 @@ the first ``num_reqs`` rows are committed to the device copy (a separate CPU ten
 vLLM's ``CpuGpuBuffer`` makes on a CPU device; the facade's device table is its host table, or
 with ``--separate`` a separate CPU copy too).
 
-Three constructions, each with its own copy of the step: ``vllm`` (:mod:`blockprep.bench.vllm_port`,
+Four constructions, each with its own copy of the step: ``vllm`` (:mod:`blockprep.bench.vllm_port`,
 vLLM's ``BlockTable`` ported: its per-row calls), ``per-row`` (the same calls on
-:class:`~blockprep.adapters.vllm.VllmBlockTable`) and ``batched``
-(:meth:`~blockprep.adapters.vllm.VllmBlockTable.apply_step`). Every step reaches each construction
-as a pickle round trip of the scheduler output (new lists of new int objects, as vLLM's msgpack
-queue delivers them), made untimed. Before timing, the whole trace runs through all three in
-lockstep and their host and device tables and counts are compared after every step.
+:class:`~blockprep.adapters.vllm.VllmBlockTable`), ``batched``
+(:meth:`~blockprep.adapters.vllm.VllmBlockTable.apply_step`) and ``packed``
+(:meth:`~blockprep.adapters.vllm.VllmBlockTable.apply_packed`: the step as a
+:mod:`blockprep.packed` message, packed when the trace is made, as a scheduler's recorder would:
+finished rows truncated to 0, appended ids, added rows whole; then the moves). Every step reaches
+each construction as a pickle round trip of the scheduler output (new lists of new int objects, as
+vLLM's msgpack queue delivers them; for ``packed`` the message's bytes), made untimed. Before
+timing, the whole trace runs through all four in lockstep and their host and device tables and
+counts are compared after every step.
 
 Timing as ``python -m blockprep bench`` does it: garbage collector off, one torch thread,
 constructions interleaved round by round (round ``k`` starts with construction ``k % 3``), each
 step timed alone; per shape the median of the runs' medians, p10-p90 over every run's steps, and
-the ratios per-row / vllm and batched / vllm (median over runs of each run's ratio of medians).
-Targets: per-row <= 1.3x, batched <= 1.0x.
+the ratios per-row / vllm, batched / vllm and packed / vllm (median over runs of each run's ratio
+of medians). Targets: per-row <= 1.3x, batched <= 1.0x (packed: reported).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from blockprep import packed
 from blockprep.adapters.vllm import VllmBlockTable
 from blockprep.bench.runner import quiet_process
 from blockprep.bench.vllm_port import PortBlockTable
@@ -55,7 +60,7 @@ SHAPES: tuple[tuple[int, int], ...] = (
 SEQ_LEN = 4096
 CHURN = 0.01
 TARGETS = {"per-row": 1.3, "batched": 1.0}
-CONSTRUCTIONS = ("vllm", "per-row", "batched")
+CONSTRUCTIONS = ("vllm", "per-row", "batched", "packed")
 VLLM_MEDIANS_US = {
     (16, 128): 3.2,
     (64, 128): 5.7,
@@ -158,7 +163,13 @@ class SchedulerTrace:
 
 
 class _Stepper:
-    def step(self, item: Step) -> None:
+    def receive(self, item: Step) -> Any:
+        """What this construction takes of a step off the wire (untimed): the scheduler output
+        without its packed message."""
+        del item["packed"]
+        return item
+
+    def step(self, item: Any) -> None:
         raise NotImplementedError
 
     def state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -215,11 +226,34 @@ class _Batched(_PerRow):
         self.table.apply_step(**item)
 
 
+class _Packed(_PerRow):
+    def receive(self, item: Step) -> Any:
+        return item["packed"], item["moves"], item["num_reqs"]
+
+    def step(self, item: Any) -> None:
+        message, moves, num_reqs = item
+        self.table.apply_packed(message, moves=moves, num_reqs=num_reqs)
+
+
 MAKERS: dict[str, Callable[[int, int], _Stepper]] = {
     "vllm": _Port,
     "per-row": _PerRow,
     "batched": _Batched,
+    "packed": _Packed,
 }
+
+
+def _packed(item: Step, seq: int) -> dict[str, Any]:
+    """The step's :mod:`blockprep.packed` message (row: the table row), building on ``seq - 1``:
+    a finished row truncated to 0 (unless a request is added into it), appended ids, added rows
+    whole."""
+    added = dict(item["added"])
+    records: list[tuple[int, int, int, list[int]]] = [
+        (packed.TRUNCATE_RECORD, 0, row, [0]) for row in item["finished"] if row not in added
+    ]
+    records += [(packed.APPEND_RECORD, 0, row, ids) for row, ids in item["appended"]]
+    records += [(packed.WHOLE_RECORD, 0, row, ids) for row, ids in item["added"]]
+    return packed.pack(seq, seq - 1 if seq else None, records)
 
 
 class MismatchError(RuntimeError):
@@ -229,7 +263,8 @@ class MismatchError(RuntimeError):
 def _trace(num_reqs: int, block_size: int, steps: int, seed: int) -> list[bytes]:
     """The first step (every request added) and ``steps`` more, each pickled once."""
     trace = SchedulerTrace(num_reqs, block_size, seed)
-    return [pickle.dumps(trace.step()) for _ in range(steps + 1)]
+    items = [trace.step() for _ in range(steps + 1)]
+    return [pickle.dumps({**item, "packed": _packed(item, i)}) for i, item in enumerate(items)]
 
 
 def verify(num_reqs: int, block_size: int, trace: Sequence[bytes]) -> None:
@@ -241,7 +276,7 @@ def verify(num_reqs: int, block_size: int, trace: Sequence[bytes]) -> None:
     for index, wire in enumerate(trace):
         n = pickle.loads(wire)["num_reqs"]
         for stepper in steppers.values():
-            stepper.step(pickle.loads(wire))
+            stepper.step(stepper.receive(pickle.loads(wire)))
         host, device, counts = steppers["vllm"].state()
         live = np.arange(host.shape[1])[None, :] < counts[:, None]
         for name, stepper in steppers.items():
@@ -268,11 +303,11 @@ def time_shape(num_reqs: int, block_size: int, trace: Sequence[bytes]) -> dict[s
     durations: list[list[float]] = [[] for _ in CONSTRUCTIONS]
     with quiet_process():
         for stepper in steppers:
-            stepper.step(pickle.loads(trace[0]))  # every request added: untimed
+            stepper.step(stepper.receive(pickle.loads(trace[0])))  # every request added: untimed
         for index, wire in enumerate(trace[1:]):
             for offset in range(len(steppers)):
                 lane = (index + offset) % len(steppers)
-                item = pickle.loads(wire)  # a fresh copy off the wire: untimed
+                item = steppers[lane].receive(pickle.loads(wire))  # a fresh copy: untimed
                 start = time.perf_counter_ns()
                 steppers[lane].step(item)
                 durations[lane].append((time.perf_counter_ns() - start) / 1000)
@@ -328,14 +363,14 @@ def report(results: Sequence[ShapeResult], steps: int, runs: int, seed: int) -> 
     )
     lines = [
         "vllm: vLLM's table ported (device table: a separate CPU copy, num_reqs rows copied at "
-        f"commit); per-row, batched: the facade (device table: {device})",
+        f"commit); per-row, batched, packed: the facade (device table: {device})",
         f"vLLM facade vs vLLM port: {steps} timed steps a shape, {runs} run(s) (medians of the "
         f"runs' medians; ratios: median over runs of each run's ratio), seed {seed}; one torch "
         f"thread, constructions interleaved round by round, garbage collector off; "
         f"{os.cpu_count()} CPUs",
         "",
         f"{'shape':>9}  {'vllm us (p10-p90)':>20}  {'per-row us (p10-p90)':>21}  {'ratio':>5}  "
-        f"{'batched us (p10-p90)':>21}  {'ratio':>5}",
+        f"{'batched us (p10-p90)':>21}  {'ratio':>5}  {'packed us (p10-p90)':>21}  {'ratio':>5}",
     ]
     for r in results:
         cells = [f"{r.num_reqs}x{r.block_size}".rjust(9)]
@@ -351,7 +386,11 @@ def report(results: Sequence[ShapeResult], steps: int, runs: int, seed: int) -> 
         for name, target in TARGETS.items()
         if r.ratio[name] > target
     ]
-    lines += ["", "targets: per-row <= 1.3x, batched <= 1.0x of vllm's median in the same run"]
+    lines += [
+        "",
+        "targets: per-row <= 1.3x, batched <= 1.0x of vllm's median in the same run (packed: "
+        "reported)",
+    ]
     lines.append("missed: " + "; ".join(missed) if missed else "all targets met")
     return "\n".join(lines)
 
