@@ -293,10 +293,13 @@ class VllmBlockTable:
                 ``num_reqs`` out of range.
             TypeError, IndexError: a move that is no pair of rows.
         """
-        commit = None if num_reqs is None else self._num_reqs(num_reqs)
+        if num_reqs is not None and (
+            type(num_reqs) is not int or not 0 <= num_reqs <= self.max_num_reqs
+        ):
+            num_reqs = self._num_reqs(num_reqs)
         apply_packed([self._table], self._row_list, self._cursor, message, moves)
-        if commit is not None:
-            self.commit_block_table(commit)
+        if num_reqs is not None:
+            self.commit_block_table(num_reqs)
 
     def resync_request(self) -> dict[str, Any]:
         """What the worker sends back after a refused :meth:`apply_packed` message:

@@ -144,6 +144,8 @@ def step_deltas(
 def checked_moves(table: BlockTable, moves: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     """``moves`` as a list of ``(src, tgt)`` pairs whose rows are rows of ``table``: the table's
     ``TypeError`` or ``IndexError`` otherwise, naming the row."""
+    if type(moves) is tuple and not moves:
+        return []
     pairs = moves if type(moves) is list else list(iterable(moves, "moves", "(src, tgt) pairs"))
     num_rows = table.num_rows
     for pair in pairs:
@@ -169,33 +171,34 @@ def apply_packed(
     ``moves``, to ``tables``; ``cursor`` checks the message's ``seq`` and ``base`` and holds its
     ``seq`` once it is applied. ``rows`` is ``list(range(num_rows))``.
 
-    Everything is checked first: the header and records, the sequence, every group's records
-    against its rows' ids (one kernel plan per group), the moves' rows; then each group's plan is
-    committed and its moves copied. With several tables an error names the group first.
+    Everything is checked first: the moves' rows, the header and records, the sequence, every
+    group's records against its rows' ids (one kernel plan per group); then each group's plan is
+    committed and the moves copied. With several tables an error names the group first.
 
     Raises:
         DeltaMessageError, DeltaSequenceError, ValueError: as
             :meth:`blockprep.BlockTable.apply_packed` (nothing written in any group).
         TypeError, IndexError: a move that is no pair of rows.
     """
-    seq, base, count, data, changes = packed_changes(message, rows, len(tables))
-    cursor.check_sequence(seq, base, count > 0)
-    plans: list[RowsPlan] = []
-    for g, (table, group) in enumerate(zip(tables, changes, strict=True)):
-        if not group:
-            continue
-        try:
-            plans.append(table.plan_records(data, group, whole=base is None))
-        except BlockprepValueError as error:
-            if len(tables) == 1:
-                raise
-            raise type(error)(f"KV cache group {g}: {error}") from None
     pairs = checked_moves(tables[0], moves)
-    # Everything is checked: from here on nothing raises.
-    for plan in plans:
-        plan.table.commit(plan)
+    if len(tables) == 1:  # one table: its own plan and commit, at once
+        tables[0].apply_packed(message, cursor)
+    else:
+        seq, base, count, data, changes = packed_changes(message, rows, len(tables))
+        cursor.check_sequence(seq, base, count > 0)
+        plans: list[RowsPlan] = []
+        for g, (table, group) in enumerate(zip(tables, changes, strict=True)):
+            if not group:
+                continue
+            try:
+                plans.append(table.plan_records(data, group, whole=base is None))
+            except BlockprepValueError as error:
+                raise type(error)(f"KV cache group {g}: {error}") from None
+        # Everything is checked: from here on nothing raises.
+        for plan in plans:
+            plan.table.commit(plan)
+        cursor.last = seq
     if pairs:
         for table in tables:
             for src, tgt in pairs:
                 table.copy_row(src, tgt)
-    cursor.last = seq
