@@ -496,7 +496,8 @@ class BlockTable:
         seq, base, count, data, changes = packed_changes(message, self._stay, 1)
         if cursor is not None:
             cursor.check_sequence(seq, base, count > 0)
-        cells = self._deltas.apply_records(data, changes[0], base is None)
+        rows = changes[0]
+        cells = self._deltas.apply_records(data, rows, base is None) if rows else 0
         if cursor is not None:
             cursor.last = seq
         return cells
