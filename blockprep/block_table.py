@@ -47,7 +47,7 @@ from blockprep.ids import (
     id_list,
 )
 from blockprep.row_checks import convert, raise_row
-from blockprep.row_deltas import Changes, RowDeltas, RowItems, packed_changes, row_items
+from blockprep.row_deltas import Changes, RowDeltas, RowItems, row_items
 from blockprep.wire import SET, TRUNCATE, DeltaCursor
 
 _T = TypeVar("_T")
@@ -491,16 +491,10 @@ class BlockTable:
             DeltaMessageError: the header or a record malformed (:func:`blockprep.packed.records`),
                 records that do not fit the row's ids (the words of
                 :func:`blockprep.wire.apply_ops`, the row named).
+            DeltaSequenceError: ``base`` is not the cursor's last.
             ValueError: ids the builders refuse for the row's resulting ids (:meth:`write_row`).
         """
-        seq, base, count, data, changes = packed_changes(message, self._stay, 1)
-        if cursor is not None:
-            cursor.check_sequence(seq, base, count > 0)
-        rows = changes[0]
-        cells = self._deltas.apply_records(data, rows, base is None) if rows else 0
-        if cursor is not None:
-            cursor.last = seq
-        return cells
+        return self._deltas.apply_packed(message, cursor)
 
     def plan_records(self, data: bytes, changes: Changes, *, whole: bool = False) -> RowsPlan:
         """Check ``changes``, ``{row: word offsets of its records in data}`` (a packed payload,

@@ -34,7 +34,7 @@ from blockprep.ids import (
     is_integer_id,
 )
 from blockprep.row_checks import convert, raise_row
-from blockprep.wire import APPEND, SET, TRUNCATE, DeltaMessageError, apply_ops
+from blockprep.wire import APPEND, SET, TRUNCATE, DeltaCursor, DeltaMessageError, apply_ops
 
 if TYPE_CHECKING:
     from blockprep.block_table import BlockTable
@@ -186,6 +186,17 @@ class RowDeltas:
         plan, fault = table._kernel.stage_ops(rows, items, table._stay, convert)
         assert fault is None, fault  # every delta was checked above
         return self._commit(plan, len(rows))
+
+    def apply_packed(self, message: object, cursor: DeltaCursor | None) -> int:
+        """:meth:`BlockTable.apply_packed`."""
+        seq, base, count, data, changes = packed_changes(message, self._table._stay, 1)
+        if cursor is not None:
+            cursor.check_sequence(seq, base, count > 0)
+        rows = changes[0]
+        cells = self.apply_records(data, rows, base is None) if rows else 0
+        if cursor is not None:
+            cursor.last = seq
+        return cells
 
     def plan_records(self, data: bytes, changes: Changes, whole: bool = False) -> Any:
         """:meth:`BlockTable.plan_records`: the kernel's plan of ``changes`` (records of
