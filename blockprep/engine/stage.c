@@ -669,6 +669,78 @@ static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObjec
     return 0;
 }
 
+/* ---- the steady step: one id set at one position of a row that stays ------------------------ */
+
+/* What the general path decides for a set of id x at position p of row r (which stays and holds
+ * its ids), when it takes it without a fault: no record (x is the held id) or one record marking
+ * position p. Returns 0 (decided), 1 (not this case, or a fault: the general path decides and
+ * words it), -1 with an exception. */
+static int stage_one_set(GroupKernel *self, Scratch *s, Py_ssize_t r, long long p, long long x)
+{
+    const Py_ssize_t m = self->lens[r];
+    if (m < 0 || m < self->shortest || m > self->width || p < 0 || p >= m)
+        return 1;
+    const int32_t *held = self->held + r * self->stride;
+    if (x == held[p])
+        return 0; /* it holds exactly what it held */
+    if (x == BIG || x < 0 || x >= self->limit)
+        return 1; /* a RANGE fault */
+    if (self->distinct) {
+        if (!self->checked[r])
+            return 1; /* the full repeat check */
+        for (Py_ssize_t q = 0; q < m; q++)
+            if (held[q] == x && q != p)
+                return 1; /* a REPEAT fault */
+    }
+    int32_t *rec = scratch_record(s, m);
+    if (!rec)
+        return -1;
+    rec[0] = (int32_t)r;
+    rec[1] = (int32_t)m;
+    rec[2] = POSITIONS | (self->distinct ? CHECKED : 0);
+    rec[3] = 1;
+    rec[4] = (int32_t)p;
+    rec[5] = rec[6] = rec[7] = 0;
+    memcpy(rec + HEADER, held, sizeof(int32_t) * (size_t)m);
+    rec[HEADER + p] = (int32_t)x;
+    return 0;
+}
+
+/* The (p, x) of a row's single set, when item is exactly one: one packed record of one
+ * position (data given), or [["s", [p], [x]]] of exact lists and ints. 1 when it is, else 0. */
+static int one_set_of(PyObject *item, const unsigned char *data, Py_ssize_t words,
+                      long long *p, long long *x)
+{
+    if (data && PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 1) {
+        PyObject *o = PyTuple_GET_ITEM(item, 0);
+        long long at = PyLong_CheckExact(o) ? exact_value(o) : -1;
+        if (at < 0 || at > words - R_HEADER - 2 || word_at(data, at) != R_SET ||
+            word_at(data, at + 3) != 1)
+            return 0;
+        *p = word_at(data, at + R_HEADER);
+        *x = word_at(data, at + R_HEADER + 1);
+        return 1;
+    }
+    if (!PyList_CheckExact(item) || PyList_GET_SIZE(item) != 1)
+        return 0;
+    PyObject *op = PyList_GET_ITEM(item, 0);
+    if (!PyList_CheckExact(op) || PyList_GET_SIZE(op) != 3)
+        return 0;
+    PyObject *tag = PyList_GET_ITEM(op, 0), *ps = PyList_GET_ITEM(op, 1);
+    PyObject *xs = PyList_GET_ITEM(op, 2);
+    if (!PyUnicode_CheckExact(tag) || (tag != TAGS[OP_S] && PyUnicode_Compare(tag, TAGS[OP_S])))
+        return 0;
+    if (!PyList_CheckExact(ps) || PyList_GET_SIZE(ps) != 1 || !PyList_CheckExact(xs) ||
+        PyList_GET_SIZE(xs) != 1)
+        return 0;
+    PyObject *po = PyList_GET_ITEM(ps, 0), *xo = PyList_GET_ITEM(xs, 0);
+    if (!PyLong_CheckExact(po) || !PyLong_CheckExact(xo))
+        return 0;
+    *p = exact_value(po);
+    *x = exact_value(xo);
+    return 1;
+}
+
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
 {
     PyObject *rows, *items, *srcs, *convert, *packed = Py_None;
@@ -718,6 +790,7 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
         PyObject *item = PyList_GET_ITEM(items, i);
         Py_INCREF(item);
         int status;
+        long long one_p, one_x;
         if (src == PADDING) { /* a padding row: its ids, by value */
             status = PyList_CheckExact(item)
                          ? stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
@@ -725,6 +798,9 @@ PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
                          : (PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
                                          bk_type_name(item)),
                             -1);
+        } else if (src == r && one_set_of(item, data, words, &one_p, &one_x) &&
+                   (status = stage_one_set(self, &s, (Py_ssize_t)r, one_p, one_x)) <= 0) {
+            /* decided: the steady step (status 0), or an exception (-1) */
         } else {
             /* The cells start as the ids the request held (none for a new request). */
             Py_ssize_t n = -1;
