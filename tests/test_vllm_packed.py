@@ -64,6 +64,10 @@ def resealed(message: dict, data: bytes, count: int | None = None) -> dict:
 
 @dataclass
 class Step:
+    """One scheduler step: what a vLLM worker gets (``edits``: the packed path's in-place records,
+    which ``apply_step`` receives as ``added``), and each group's rows once it is applied, before
+    its moves."""
+
     finished: list[int] = field(default_factory=list)
     appended: dict[int, list[list[int]] | None] = field(default_factory=dict)
     added: dict[int, list[list[int]]] = field(default_factory=dict)
@@ -304,7 +308,7 @@ class Trace:
             self.by_step.apply_step(**step_args(step, 0))
         wired = pickle.loads(pickle.dumps(message))  # as a queue delivers it
         self.by_packed.apply_packed(wired, moves=list(step.moves), num_reqs=step.num_reqs)
-        self.previous, self.message = self.message, message
+        self.message = message
         self.last = self.seq
         self.seq += 1
         for g, port in enumerate(self.ports):
@@ -607,7 +611,7 @@ def test_block_table_apply_packed_with_and_without_a_cursor() -> None:
     from blockprep import BlockTable
     from blockprep.wire import DeltaCursor
 
-    paged = BlockTable(3, 4, kind="paged", pad=-1)
+    paged = BlockTable(3, 4, kind="paged", pad=-1, verify=True)
     assert paged.apply_packed(pack(5, 4, [(WHOLE, 0, 2, [1, 2])])) == 2  # no cursor: no order
     cursor = DeltaCursor()
     paged.apply_packed(pack(0, None, [(WHOLE, 0, 0, [3])]), cursor)
