@@ -126,6 +126,14 @@ class BlockDeltaEncoder:
         new_held: dict[Hashable, Any] = {}
         for request, lists in zip(request_ids, block_lists, strict=True):
             old = held.get(request)
+            if (
+                old is not None
+                and type(lists) is type(old)
+                and _plain_lists(lists)
+                and lists == old
+            ):
+                new_held[request] = old  # nothing changed: one comparison, at C speed
+                continue
             if old is not None and isinstance(old, dict) != isinstance(lists, Mapping):
                 was, now = ("grouped", "flat") if isinstance(old, dict) else ("flat", "grouped")
                 raise BlockprepValueError(
@@ -142,6 +150,9 @@ class BlockDeltaEncoder:
                 copies: dict[str, list[int]] = {}
                 for group, ids in lists.items():
                     before = None if old is None else old.get(group)
+                    if before is not None and type(ids) is list and ids == before:
+                        copies[group] = before  # the encoder's own copy, unchanged
+                        continue
                     copies[group] = current = _id_copy(ids)
                     ops = _diff(before, current)
                     if ops:
@@ -160,6 +171,13 @@ class BlockDeltaEncoder:
         self._base = self._next
         self._next += 1
         return message
+
+
+def _plain_lists(lists: object) -> bool:
+    """Whether ``lists`` is a list, or a dict of lists (so ``==`` is a plain comparison)."""
+    return type(lists) is list or (
+        type(lists) is dict and all(type(ids) is list for ids in lists.values())
+    )
 
 
 def _check_sequence(value: object, what: str) -> None:
