@@ -43,7 +43,7 @@ from blockprep.packed import (
     WHOLE_RECORD,
     message,
 )
-from blockprep.wire import _check_sequence, _id_copy, _plain, is_resync_request
+from blockprep.wire import _id_copy, _plain, check_batch, is_resync_request
 
 ID_LIMIT = 2**31
 """Block ids are ints in ``[0, ID_LIMIT)`` (they travel as int32)."""
@@ -458,14 +458,7 @@ class PackedDeltaEncoder:
         errors, and ``ValueError`` for a request whose lists are not this encoder's shape
         (flat or these groups) or an id outside ``[0, 2**31)``.
         """
-        _check_sequence(request_ids, "request_ids")
-        _check_sequence(block_lists, "block_lists")
-        if len(request_ids) != len(block_lists):
-            raise BlockprepValueError(
-                f"{len(request_ids)} request ids for {len(block_lists)} block lists"
-            )
-        if len(set(request_ids)) != len(request_ids):
-            raise BlockprepValueError("request ids must be unique within a batch")
+        check_batch(request_ids, block_lists)
         held = self._held
         names, keys, index, types = self._groups, self._keys, self._index, self._types
         out: array[int] = array("i")

@@ -113,14 +113,7 @@ class BlockDeltaEncoder:
             TypeError: ``request_ids`` or ``block_lists`` not a list, tuple or 1-D array; an id
                 that is not an integer (a bool or a float included).
         """
-        _check_sequence(request_ids, "request_ids")
-        _check_sequence(block_lists, "block_lists")
-        if len(request_ids) != len(block_lists):
-            raise BlockprepValueError(
-                f"{len(request_ids)} request ids for {len(block_lists)} block lists"
-            )
-        if len(set(request_ids)) != len(request_ids):
-            raise BlockprepValueError("request ids must be unique within a batch")
+        check_batch(request_ids, block_lists)
         held = self._held
         rows: dict[Hashable, Any] = {}
         new_held: dict[Hashable, Any] = {}
@@ -171,6 +164,21 @@ class BlockDeltaEncoder:
         self._base = self._next
         self._next += 1
         return message
+
+
+def check_batch(request_ids: object, block_lists: object) -> None:
+    """An encoder's arguments: sequences (:func:`_check_sequence`) of equal lengths, the request
+    ids unique (``ValueError`` / ``TypeError`` otherwise)."""
+    _check_sequence(request_ids, "request_ids")
+    _check_sequence(block_lists, "block_lists")
+    assert isinstance(request_ids, Sequence | np.ndarray | torch.Tensor)
+    assert isinstance(block_lists, Sequence | np.ndarray | torch.Tensor)
+    if len(request_ids) != len(block_lists):
+        raise BlockprepValueError(
+            f"{len(request_ids)} request ids for {len(block_lists)} block lists"
+        )
+    if len(set(request_ids)) != len(request_ids):
+        raise BlockprepValueError("request ids must be unique within a batch")
 
 
 def _plain_lists(lists: object) -> bool:
