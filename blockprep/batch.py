@@ -64,9 +64,10 @@ class DecodeBatch:
     - ``cache_partitions``: per request, the rank (KV partition) that holds it, or ``None``.
     - ``prev_token_ids`` ``[A]`` and ``prev_hidden_states`` ``[A, hidden]``: the token at position
       ``seq_len - 2`` and its embedding, for MTP decoders; ``None`` otherwise.
-    - ``block_deltas``: blockprep's own field (after upstream's): a :mod:`blockprep.wire` message
-      carrying what changed in the block lists since the worker's last step, instead of
-      ``block_ids`` / ``block_ids_by_group`` (leave those empty); ``None`` otherwise.
+    - ``block_deltas``: blockprep's own field (after upstream's): a :mod:`blockprep.wire` message,
+      or a :mod:`blockprep.packed` one (int32 records in one ``bytes``), carrying what changed in
+      the block lists since the worker's last step, instead of ``block_ids`` /
+      ``block_ids_by_group`` (leave those empty); ``None`` otherwise.
 
     ``token_ids``, ``seq_lens`` and ``prev_token_ids`` may also be given as lists, tuples or
     NumPy arrays, as engines build them: they become CPU tensors on construction

@@ -247,8 +247,9 @@ class QwenDecodePreparer:
 
         The block lists come by value (``batch.block_ids``; upstream's ``kv_allocations`` first
         when the batch has them: then one row per allocation, its ``page_ids``) or as a
-        :mod:`blockprep.wire` message (``batch.block_deltas``, one op list per request id;
-        ``block_ids`` left empty: both given is a ``ValueError``, as for DeepSeek).
+        :mod:`blockprep.wire` message (``batch.block_deltas``, one op list per request id, or a
+        :mod:`blockprep.packed` one of group 0; ``block_ids`` left empty: both given is a
+        ``ValueError``, as for DeepSeek).
         Rows are batch rows: a request at the row it held in the last applied step gets its ops
         applied there (a page append writes one cell); one that moved rows gets the list it held
         plus its ops written whole; a new one must come whole. A by-value batch makes the worker
