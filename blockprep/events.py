@@ -190,7 +190,10 @@ class BlockEventRecorder:
 
     def append(self, request: Hashable, ids: int | Sequence[int], group: str | None = None) -> None:
         """``ids`` (one id, or a list or tuple of them) appended to ``request``'s ``group``."""
-        live, g = self._find(request, group)
+        live = self._live.get(request)
+        g = self._index.get(group)
+        if live is None or g is None:  # the hot loop's lookups inline; _find words the error
+            live, g = self._find(request, group)
         row = live.lists[g]
         if type(ids) is int:
             if not 0 <= ids < ID_LIMIT:
@@ -219,7 +222,10 @@ class BlockEventRecorder:
     ) -> None:
         """``ids[i]`` at ``positions[i]`` of ``request``'s ``group`` (a ring slot rotated;
         one position and one id, or lists or tuples of equal length, positions distinct)."""
-        live, g = self._find(request, group)
+        live = self._live.get(request)
+        g = self._index.get(group)
+        if live is None or g is None:
+            live, g = self._find(request, group)
         row = live.lists[g]
         n = len(row)
         if type(positions) is int and type(ids) is int:
