@@ -1,7 +1,8 @@
 """Instructions per DeepSeek V4 step on the bench's wire trace, for callgrind: the worker's
 prepare fed ``blockprep.wire`` deltas (``wire``) or packed records from the event recorder
 (``packed``), or the scheduler's ``BlockDeltaEncoder.encode`` of the lists copied with ``list()``
-per group, as upstream's engine copies them (``encoder``).
+per group, as upstream's engine copies them (``encoder``), or the event recorder: the
+simulation's events of each step replayed into it, then ``message()`` (``recorder``).
 
 Usage (from a directory that holds no ``blockprep``; ``python`` the interpreter itself)::
 
@@ -16,6 +17,7 @@ collected.
 
 import dataclasses
 import functools
+import os
 import pickle
 import sys
 
@@ -37,6 +39,24 @@ def main(mode: str, steps: int) -> None:
         encoder.encode(batch.request_ids, batch.block_ids_by_group)
     recorder.resync()
     encoder.reset()
+    if mode == "recorder":  # the scheduler's events replayed, then message(), after a warm-up
+        sys.path.insert(0, os.path.dirname(__file__))
+        from events_cost import GROUPS, trace
+
+        events, orders = trace(steps, 0)
+        warm = len(events) - steps
+        replayed = BlockEventRecorder(GROUPS)
+        calls = {n: getattr(replayed, n) for n in ("start", "append", "set", "truncate", "finish")}
+
+        def replay(part: slice) -> None:
+            for step, order in zip(events[part], orders[part], strict=True):
+                for name, args in step:
+                    calls[name](*args)
+                replayed.message(order)
+
+        replay(slice(0, warm))
+        functools.reduce(lambda a, b: replay(slice(warm, None)), [0, 0])
+        return
     if mode == "encoder":
         lists = []
         for _ in range(steps + 1):
