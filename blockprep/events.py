@@ -31,8 +31,6 @@ from __future__ import annotations
 import sys
 from array import array
 from collections.abc import Hashable, Mapping, Sequence
-from itertools import compress
-from operator import ne
 from typing import Any
 
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
@@ -43,7 +41,20 @@ from blockprep.packed import (
     WHOLE_RECORD,
     message,
 )
-from blockprep.wire import _id_copy, _plain, check_batch, is_resync_request
+from blockprep.wire import (
+    APPEND,
+    SET,
+    TRUNCATE,
+    WHOLE,
+    _id_copy,
+    _plain,
+    check_batch,
+    diff_ops,
+    is_resync_request,
+)
+
+_KINDS = {WHOLE: WHOLE_RECORD, APPEND: APPEND_RECORD, SET: SET_RECORD, TRUNCATE: TRUNCATE_RECORD}
+"""Wire operation tag -> packed record kind."""
 
 ID_LIMIT = 2**31
 """Block ids are ints in ``[0, ID_LIMIT)`` (they travel as int32)."""
@@ -510,10 +521,10 @@ class PackedDeltaEncoder:
                 count += n
             new_held[request] = copies
         for copy, op in changes:
-            kind = op[0]
-            if kind == APPEND_RECORD:
+            tag = op[0]
+            if tag == APPEND:
                 copy += op[1]
-            elif kind == SET_RECORD:
+            elif tag == SET:
                 for p, x in zip(op[1], op[2], strict=True):
                     copy[p] = x
             else:
@@ -541,19 +552,20 @@ def _row(
     if old is not None and type(ids) is list and ids == old:
         return old, 0
     new = ids if type(ids) is list else _id_copy(ids)
-    ops = _ops(old, new, request, group)
+    ops = diff_ops(old, new, lambda values: _checked(values, request, group))
     for op in ops:
-        kind = op[0]
-        if kind in (WHOLE_RECORD, APPEND_RECORD):
+        tag = op[0]
+        kind = _KINDS[tag]
+        if tag in (WHOLE, APPEND):
             out.extend((kind, g, row, len(op[1])))
             out.extend(op[1])
-        elif kind == SET_RECORD:
+        elif tag == SET:
             out.extend((kind, g, row, len(op[1])))
             out.extend(op[1])
             out.extend(op[2])
         else:
             out.extend((kind, g, row, op[1]))
-        if kind == WHOLE_RECORD:
+        if tag == WHOLE:
             old = op[1]
         else:
             assert old is not None
@@ -575,32 +587,3 @@ def _checked(ids: list[Any], request: Hashable, group: str | None) -> list[int]:
         where = _place(request, group)
         raise next(_bad_id(x, where) for x in values if not 0 <= x < ID_LIMIT)
     return values
-
-
-def _ops(
-    old: list[int] | None, new: list[Any], request: Hashable, group: str | None
-) -> list[list[Any]]:
-    """``blockprep.wire._diff``'s choice, as packed record kinds: the fewest-ids records taking
-    ``old`` to ``new`` (none when equal)."""
-    if old is None:
-        return [[WHOLE_RECORD, _checked(list(new), request, group)]]
-    n, m = len(new), len(old)
-    if n == m:
-        positions = list(compress(range(n), map(ne, new, old)))
-        if not positions:
-            return []
-        if 2 * len(positions) <= n:
-            return [[SET_RECORD, positions, _checked([new[p] for p in positions], request, group)]]
-        return [[WHOLE_RECORD, _checked(list(new), request, group)]]
-    if n > m and new[:m] == old:
-        return [[APPEND_RECORD, _checked(new[m:], request, group)]]
-    if n < m and old[:n] == new:
-        return [[TRUNCATE_RECORD, n]]
-    prefix = 0
-    for a, b in zip(old, new, strict=False):
-        if a != b:
-            break
-        prefix += 1
-    if 2 * prefix >= n:
-        return [[TRUNCATE_RECORD, prefix], [APPEND_RECORD, _checked(new[prefix:], request, group)]]
-    return [[WHOLE_RECORD, _checked(list(new), request, group)]]

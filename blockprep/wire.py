@@ -35,7 +35,8 @@ for every request. :mod:`blockprep.packed` messages follow the same rules.
 from __future__ import annotations
 
 import operator
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -147,7 +148,7 @@ class BlockDeltaEncoder:
                         copies[group] = before  # the encoder's own copy, unchanged
                         continue
                     copies[group] = current = _id_copy(ids)
-                    ops = _diff(before, current)
+                    ops = diff_ops(before, current)
                     if ops:
                         entry[str(group)] = ops
                 new_held[request] = copies
@@ -156,7 +157,7 @@ class BlockDeltaEncoder:
             else:
                 current = _id_copy(lists)
                 new_held[request] = current
-                ops = _diff(old, current)
+                ops = diff_ops(old, current)
                 if ops:
                     rows[request] = ops
         message = {"seq": self._next, "base": self._base, "rows": rows}
@@ -200,30 +201,36 @@ def _check_sequence(value: object, what: str) -> None:
     )
 
 
-def _diff(old: list[int] | None, new: list[int]) -> Ops | None:
-    """The fewest-ids operations taking ``old`` to ``new`` (``None``: no change)."""
+def diff_ops(
+    old: list[Any] | None,
+    new: list[Any],
+    values: Callable[[list[Any]], list[int]] = lambda ids: _plain(ids),
+) -> Ops:
+    """The fewest-ids operations taking ``old`` to ``new`` (``[]``: no change); the ids an
+    operation carries go through ``values`` (a new list each time: it checks them and may return
+    it as it is). The encoders' one choice rule (:class:`BlockDeltaEncoder`, the packed differ)."""
     if old is None:
-        return [[WHOLE, _plain(new)]]
-    if old == new:
-        return None
+        return [[WHOLE, values(list(new))]]
     n, m = len(new), len(old)
+    if n == m:
+        positions = list(compress(range(n), map(operator.ne, new, old)))
+        if not positions:
+            return []
+        if 2 * len(positions) <= n:
+            return [[SET, positions, values([new[p] for p in positions])]]
+        return [[WHOLE, values(list(new))]]
     if n > m and new[:m] == old:
-        return [[APPEND, _plain(new[m:])]]
+        return [[APPEND, values(new[m:])]]
     if n < m and old[:n] == new:
         return [[TRUNCATE, n]]
-    if n == m:
-        positions = [p for p in range(n) if new[p] != old[p]]
-        if 2 * len(positions) <= n:
-            return [[SET, positions, _plain([new[p] for p in positions])]]
-        return [[WHOLE, _plain(new)]]
     prefix = 0
     for a, b in zip(old, new, strict=False):
         if a != b:
             break
         prefix += 1
     if 2 * prefix >= n:
-        return [[TRUNCATE, prefix], [APPEND, _plain(new[prefix:])]]
-    return [[WHOLE, _plain(new)]]
+        return [[TRUNCATE, prefix], [APPEND, values(new[prefix:])]]
+    return [[WHOLE, values(list(new))]]
 
 
 def _id_copy(ids: object) -> list[Any]:
