@@ -65,6 +65,24 @@ static inline long long exact_value(PyObject *x)
     return overflow ? BIG : v;
 }
 
+/* ---- packed records (blockprep/packed.py): kind, group, row, n, then the values ------------ */
+
+enum { R_WHOLE = 1, R_APPEND = 2, R_SET = 3, R_TRUNCATE = 4, R_HEADER = 4 };
+
+/* Word i of a little-endian int32 payload (any host byte order, any alignment). */
+static inline int32_t bk_word(const unsigned char *data, Py_ssize_t i)
+{
+    const unsigned char *b = data + 4 * i;
+    return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                     (uint32_t)b[3] << 24);
+}
+
+/* How many value words follow a record's header (n positions and n ids for a set). */
+static inline long long bk_record_width(int32_t kind, int32_t n)
+{
+    return kind == R_TRUNCATE ? 0 : kind == R_SET ? 2LL * n : n;
+}
+
 /* Shared between the two files (defined in _kernel.c, or in stage.c for the stage methods). */
 const char *bk_type_name(PyObject *x);
 int bk_busy(GroupKernel *self);

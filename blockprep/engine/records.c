@@ -5,20 +5,13 @@
  */
 #include "kernel.h"
 
-enum { R_WHOLE = 1, R_SET = 3, R_TRUNCATE = 4, R_HEADER = 4, MAX_GROUPS = 1 << 16 };
+enum { MAX_GROUPS = 1 << 16 };
 
 typedef struct {
     int32_t group;
     int32_t row;       /* the table row */
     Py_ssize_t offset; /* the record's first word: records of one row keep message order */
 } Entry;
-
-static inline int32_t le_word(const unsigned char *data, Py_ssize_t i)
-{
-    const unsigned char *b = data + 4 * i;
-    return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-                     (uint32_t)b[3] << 24);
-}
 
 static int compare_entries(const void *a, const void *b)
 {
@@ -101,9 +94,9 @@ PyObject *bk_index_records(PyObject *module, PyObject *args)
             bad = 1;
             break;
         }
-        int32_t kind = le_word(data, i), group = le_word(data, i + 1);
-        int32_t row = le_word(data, i + 2), c = le_word(data, i + 3);
-        long long width = kind == R_TRUNCATE ? 0 : kind == R_SET ? 2LL * c : c;
+        int32_t kind = bk_word(data, i), group = bk_word(data, i + 1);
+        int32_t row = bk_word(data, i + 2), c = bk_word(data, i + 3);
+        long long width = bk_record_width(kind, c);
         if (kind < R_WHOLE || kind > R_TRUNCATE || c < 0 || group < 0 || group >= groups ||
             row < 0 || row >= batch || i + R_HEADER + width > words) {
             bad = 1; /* the twin's packed.records words the message */

@@ -562,16 +562,6 @@ static int apply_ops(Scratch *s, PyObject *ops, Py_ssize_t *n)
 
 /* ---- packed records (blockprep.packed): int32 words read in place, no int object per id ---- */
 
-enum { R_WHOLE = 1, R_APPEND = 2, R_SET = 3, R_TRUNCATE = 4, R_HEADER = 4 };
-
-/* Word i of a little-endian int32 payload (any host byte order, any alignment). */
-static inline int32_t word_at(const unsigned char *data, Py_ssize_t i)
-{
-    const unsigned char *b = data + 4 * i;
-    return (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-                     (uint32_t)b[3] << 24);
-}
-
 /* Apply the records at the word offsets of item (a tuple of ints) to the cells, as the ops
  * packed.record_op makes of them (the ids are ints by construction: cells hold their values,
  * no objects). Returns 0, 1 for records apply_ops would reject, -1 with ValueError for an
@@ -587,10 +577,10 @@ static int apply_records(Scratch *s, const unsigned char *data, Py_ssize_t words
         long long at = PyLong_CheckExact(o) ? exact_value(o) : -1;
         int32_t kind = 0, count = -1;
         if (at >= 0 && at <= words - R_HEADER) {
-            kind = word_at(data, at);
-            count = word_at(data, at + 3);
+            kind = bk_word(data, at);
+            count = bk_word(data, at + 3);
         }
-        long long width = kind == R_TRUNCATE ? 0 : kind == R_SET ? 2LL * count : count;
+        long long width = bk_record_width(kind, count);
         if (kind < R_WHOLE || kind > R_TRUNCATE || count < 0 || at + R_HEADER + width > words) {
             PyErr_Format(PyExc_ValueError, "row %zd: no packed record at word %R", r, o);
             return -1;
@@ -605,22 +595,22 @@ static int apply_records(Scratch *s, const unsigned char *data, Py_ssize_t words
             scratch_drop_objs(s, from);
             for (Py_ssize_t j = 0; j < c; j++) {
                 s->objs[from + j] = NULL; /* a value cell: checked as a changed id */
-                s->vals[from + j] = word_at(data, v + j);
+                s->vals[from + j] = bk_word(data, v + j);
             }
             s->nobjs = *n = from + c;
         } else if (kind == R_SET) {
             for (Py_ssize_t j = 0; j < c; j++) {
-                int32_t p = word_at(data, v + j);
+                int32_t p = bk_word(data, v + j);
                 if (p < 0 || p >= *n)
                     return 1;
                 for (Py_ssize_t e = 0; e < j; e++) /* positions must not repeat */
-                    if (word_at(data, v + e) == p)
+                    if (bk_word(data, v + e) == p)
                         return 1;
             }
             for (Py_ssize_t j = 0; j < c; j++) {
-                Py_ssize_t p = word_at(data, v + j);
+                Py_ssize_t p = bk_word(data, v + j);
                 Py_CLEAR(s->objs[p]);
-                s->vals[p] = word_at(data, v + c + j);
+                s->vals[p] = bk_word(data, v + c + j);
             }
         } else {
             if (c > *n)
@@ -714,11 +704,11 @@ static int one_set_of(PyObject *item, const unsigned char *data, Py_ssize_t word
     if (data && PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 1) {
         PyObject *o = PyTuple_GET_ITEM(item, 0);
         long long at = PyLong_CheckExact(o) ? exact_value(o) : -1;
-        if (at < 0 || at > words - R_HEADER - 2 || word_at(data, at) != R_SET ||
-            word_at(data, at + 3) != 1)
+        if (at < 0 || at > words - R_HEADER - 2 || bk_word(data, at) != R_SET ||
+            bk_word(data, at + 3) != 1)
             return 0;
-        *p = word_at(data, at + R_HEADER);
-        *x = word_at(data, at + R_HEADER + 1);
+        *p = bk_word(data, at + R_HEADER);
+        *x = bk_word(data, at + R_HEADER + 1);
         return 1;
     }
     if (!PyList_CheckExact(item) || PyList_GET_SIZE(item) != 1)
