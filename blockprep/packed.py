@@ -50,6 +50,11 @@ _TAGS = {WHOLE_RECORD: WHOLE, APPEND_RECORD: APPEND, SET_RECORD: SET, TRUNCATE_R
 _INT32 = (-(2**31), 2**31 - 1)
 
 
+def _width(kind: int, n: int) -> int:
+    """How many value words follow a record's header (``n`` positions and ``n`` ids for a set)."""
+    return 0 if kind == TRUNCATE_RECORD else 2 * n if kind == SET_RECORD else n
+
+
 def checksum(seq: int, base: int | None, count: int, data: bytes) -> int:
     """The message's ``crc``: CRC-32 of the header fields, then of ``data`` (a bit flip in
     ``seq``, ``base`` or ``count`` fails it as one in the payload does)."""
@@ -180,7 +185,7 @@ def _walk(data: bytes, rows: int, groups: int) -> Iterator[tuple[str, Record]]:
             yield " is truncated: its header is cut", none
             return
         kind, group, row, n = view[i], view[i + 1], view[i + 2], view[i + 3]
-        width = 0 if kind == TRUNCATE_RECORD else 2 * n if kind == SET_RECORD else n
+        width = _width(kind, n)
         if kind not in _TAGS:
             yield f": unknown kind {kind}", none
         elif n < 0:
@@ -279,7 +284,7 @@ def op_at(data: bytes, offset: object, row: int) -> list[Any]:
     kind = count = -1
     if 0 <= at <= len(words) - HEADER_WORDS:
         kind, count = int(words[at]), int(words[at + 3])
-    width = 0 if kind == TRUNCATE_RECORD else 2 * count if kind == SET_RECORD else count
+    width = _width(kind, count)
     if kind not in _TAGS or count < 0 or at + HEADER_WORDS + width > len(words):
         raise ValueError(f"row {row}: no packed record at word {offset!r}")
     return record_op(words, Record(kind, int(words[at + 1]), int(words[at + 2]), count, at))
