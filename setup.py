@@ -13,7 +13,8 @@ setup(
         Extension(
             "blockprep.engine._kernel",
             sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c",
-                     "blockprep/engine/marks.c", "blockprep/engine/records.c"],
+                     "blockprep/engine/marks.c", "blockprep/engine/records.c",
+                     "blockprep/engine/differ.c"],
             depends=["blockprep/engine/kernel.h"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
             optional=True,

@@ -1,7 +1,8 @@
 """Instructions per DeepSeek V4 step on the bench's wire trace, for callgrind: the worker's
 prepare fed ``blockprep.wire`` deltas (``wire``) or packed records from the event recorder
 (``packed``), or the scheduler's ``BlockDeltaEncoder.encode`` of the lists copied with ``list()``
-per group, as upstream's engine copies them (``encoder``), or the event recorder: the
+per group, as upstream's engine copies them (``encoder``; ``differ``: the packed differ's
+``PackedDeltaEncoder.encode`` of the same lists), or the event recorder: the
 simulation's events of each step replayed into it, then ``message()`` (``recorder``).
 
 Usage (from a directory that holds no ``blockprep``; ``python`` the interpreter itself)::
@@ -23,7 +24,7 @@ import sys
 
 from blockprep.adapters.deepseek import DeepSeekV4DecodePreparer
 from blockprep.bench.workloads import DS_WARMUP, WIRE_LAYOUT, deepseek_wire_sim
-from blockprep.events import BlockEventRecorder
+from blockprep.events import BlockEventRecorder, PackedDeltaEncoder
 from blockprep.simulation import DEEPSEEK_V4_CACHE_GROUPS
 from blockprep.wire import BlockDeltaEncoder
 
@@ -57,7 +58,9 @@ def main(mode: str, steps: int) -> None:
         replay(slice(0, warm))
         functools.reduce(lambda a, b: replay(slice(warm, None)), [0, 0])
         return
-    if mode == "encoder":
+    if mode in ("encoder", "differ"):  # differ: the packed differ on the same lists
+        if mode == "differ":
+            encoder = PackedDeltaEncoder([name for name, _, _ in DEEPSEEK_V4_CACHE_GROUPS])
         lists = []
         for _ in range(steps + 1):
             batch = sim.step()

@@ -33,6 +33,7 @@ from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from blockprep import engine
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.packed import (
     APPEND_RECORD,
@@ -476,6 +477,11 @@ class PackedDeltaEncoder:
         (flat or these groups) or an id outside ``[0, 2**31)``.
         """
         check_batch(request_ids, block_lists)
+        if engine.diff_lists is not None:  # compiled; None: a step it does not take
+            done = engine.diff_lists(self._held, request_ids, block_lists, self._groups)
+            if done is not None:
+                data, count, self._held = done
+                return self._sent(count, data)
         held = self._held
         names, keys, index, types = self._groups, self._keys, self._index, self._types
         out: array[int] = array("i")
@@ -529,8 +535,12 @@ class PackedDeltaEncoder:
                     copy[p] = x
             else:
                 del copy[op[1] :]
-        result = message(self._next, self._base, count, _payload(out))
         self._held = new_held
+        return self._sent(count, _payload(out))
+
+    def _sent(self, count: int, data: bytes) -> dict[str, Any]:
+        """The message of ``count`` records in ``data``, and the numbers moved on."""
+        result = message(self._next, self._base, count, data)
         self._base = self._next
         self._next += 1
         return result

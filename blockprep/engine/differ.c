@@ -1,0 +1,387 @@
+/*
+ * differ.c: diff_lists, the compiled step of the packed differ (blockprep/events.py,
+ * PackedDeltaEncoder.encode, the specification). It compares each request's lists with the
+ * copies last sent and packs what changed as int32 records, choosing each row's operation by
+ * wire.diff_ops's rule.
+ *
+ * It takes only the canonical step: request ids that are exact str or int (so no lookup runs
+ * Python code), exact lists of exact ints, every sent id in [0, 2**31), grouped lists as exact
+ * dicts whose keys are `names` in order. For anything else it returns None having changed
+ * nothing, and the caller runs the Python encoder, which defines every result and error.
+ *
+ * Plan, then commit: every list is read, checked and every allocation made before the first
+ * change to a held copy; the commit only swaps list items (a set's ids), which cannot fail.
+ */
+#include "kernel.h"
+
+#define ID_LIMIT 2147483648LL
+
+typedef struct {
+    uint32_t *w;
+    Py_ssize_t n, cap;
+} Words;
+
+typedef struct { /* a set's id, written into a held copy at commit */
+    PyObject *list;
+    Py_ssize_t at;
+    PyObject *value; /* borrowed from the caller's list, alive for the call */
+} Cell;
+
+typedef struct {
+    Words out;
+    Cell *cells;
+    Py_ssize_t ncells, capcells;
+    Py_ssize_t *pos; /* scratch: one row's changed positions */
+    Py_ssize_t cappos;
+    Py_ssize_t count; /* records */
+} Diff;
+
+enum { DECLINE = 1, ERROR = -1 };
+
+static int words_reserve(Words *o, Py_ssize_t k)
+{
+    if (o->n + k <= o->cap)
+        return 0;
+    Py_ssize_t cap = o->cap ? o->cap : 1024;
+    while (cap < o->n + k)
+        cap *= 2;
+    uint32_t *w = PyMem_Realloc(o->w, (size_t)cap * sizeof(uint32_t));
+    if (!w) {
+        PyErr_NoMemory();
+        return ERROR;
+    }
+    o->w = w;
+    o->cap = cap;
+    return 0;
+}
+
+/* The value of list item i when it is an exact int; BIG (no id) otherwise. */
+static inline long long item_value(PyObject *lst, Py_ssize_t i, int *plain)
+{
+    PyObject *x = PyList_GET_ITEM(lst, i);
+    if (!PyLong_CheckExact(x)) {
+        *plain = 0;
+        return BIG;
+    }
+    return exact_value(x);
+}
+
+/* Record header then items [from, to) of `lst` (each an id in range, else DECLINE). */
+static int put_ids(Diff *d, int32_t kind, Py_ssize_t g, Py_ssize_t row, PyObject *lst,
+                   Py_ssize_t from, Py_ssize_t to)
+{
+    if (words_reserve(&d->out, 4 + (to - from)))
+        return ERROR;
+    uint32_t *w = d->out.w + d->out.n;
+    w[0] = (uint32_t)kind, w[1] = (uint32_t)g, w[2] = (uint32_t)row, w[3] = (uint32_t)(to - from);
+    for (Py_ssize_t i = from; i < to; i++) {
+        int plain = 1;
+        long long v = item_value(lst, i, &plain);
+        if (!plain || v < 0 || v >= ID_LIMIT)
+            return DECLINE;
+        w[4 + i - from] = (uint32_t)v;
+    }
+    d->out.n += 4 + (to - from);
+    d->count++;
+    return 0;
+}
+
+static int put_truncate(Diff *d, Py_ssize_t g, Py_ssize_t row, Py_ssize_t length)
+{
+    if (words_reserve(&d->out, 4))
+        return ERROR;
+    uint32_t *w = d->out.w + d->out.n;
+    w[0] = R_TRUNCATE, w[1] = (uint32_t)g, w[2] = (uint32_t)row, w[3] = (uint32_t)length;
+    d->out.n += 4;
+    d->count++;
+    return 0;
+}
+
+/* A fresh copy of `lst` as the held list (the twin keeps a copy of the values sent). */
+static int fresh_copy(PyObject *lst, PyObject **held)
+{
+    *held = PyList_GetSlice(lst, 0, PyList_GET_SIZE(lst));
+    return *held ? 0 : ERROR;
+}
+
+/*
+ * One row (group g of batch row `row`): `old` the held copy (NULL: none), `new` the caller's
+ * list. Packs its records and sets *held to the list held afterwards (a new reference: `old`
+ * itself when unchanged or changed by a set at commit, else a fresh copy of `new`).
+ */
+static int diff_row(Diff *d, Py_ssize_t g, Py_ssize_t row, PyObject *old, PyObject *new,
+                    PyObject **held)
+{
+    *held = NULL;
+    if (!PyList_CheckExact(new))
+        return DECLINE;
+    Py_ssize_t n = PyList_GET_SIZE(new);
+    if (n >= ID_LIMIT)
+        return DECLINE;
+    if (old == NULL) {
+        int r = put_ids(d, R_WHOLE, g, row, new, 0, n);
+        return r ? r : fresh_copy(new, held);
+    }
+    Py_ssize_t m = PyList_GET_SIZE(old);
+    Py_ssize_t common = n < m ? n : m, prefix = 0;
+    int plain = 1;
+    if (n == m) { /* the positions that differ */
+        Py_ssize_t k = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *a = PyList_GET_ITEM(new, i), *b = PyList_GET_ITEM(old, i);
+            if (a == b)
+                continue;
+            long long va = item_value(new, i, &plain);
+            if (!plain)
+                return DECLINE;
+            if (va == exact_value(b))
+                continue;
+            if (k == d->cappos) {
+                Py_ssize_t cap = d->cappos ? 2 * d->cappos : 64;
+                Py_ssize_t *p = PyMem_Realloc(d->pos, (size_t)cap * sizeof(Py_ssize_t));
+                if (!p) {
+                    PyErr_NoMemory();
+                    return ERROR;
+                }
+                d->pos = p, d->cappos = cap;
+            }
+            d->pos[k++] = i;
+        }
+        if (k == 0) {
+            Py_INCREF(old);
+            *held = old;
+            return 0;
+        }
+        if (2 * k > n) {
+            int r = put_ids(d, R_WHOLE, g, row, new, 0, n);
+            return r ? r : fresh_copy(new, held);
+        }
+        if (words_reserve(&d->out, 4 + 2 * k))
+            return ERROR;
+        if (d->ncells + k > d->capcells) {
+            Py_ssize_t cap = d->capcells ? d->capcells : 256;
+            while (cap < d->ncells + k)
+                cap *= 2;
+            Cell *c = PyMem_Realloc(d->cells, (size_t)cap * sizeof(Cell));
+            if (!c) {
+                PyErr_NoMemory();
+                return ERROR;
+            }
+            d->cells = c, d->capcells = cap;
+        }
+        uint32_t *w = d->out.w + d->out.n;
+        w[0] = R_SET, w[1] = (uint32_t)g, w[2] = (uint32_t)row, w[3] = (uint32_t)k;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            Py_ssize_t p = d->pos[j];
+            long long v = exact_value(PyList_GET_ITEM(new, p));
+            if (v < 0 || v >= ID_LIMIT)
+                return DECLINE;
+            w[4 + j] = (uint32_t)p;
+            w[4 + k + j] = (uint32_t)v;
+            d->cells[d->ncells + j] = (Cell){old, p, PyList_GET_ITEM(new, p)};
+        }
+        d->out.n += 4 + 2 * k;
+        d->ncells += k;
+        d->count++;
+        Py_INCREF(old);
+        *held = old;
+        return 0;
+    }
+    for (; prefix < common; prefix++) { /* the common prefix */
+        PyObject *a = PyList_GET_ITEM(new, prefix), *b = PyList_GET_ITEM(old, prefix);
+        if (a == b)
+            continue;
+        long long va = item_value(new, prefix, &plain);
+        if (!plain)
+            return DECLINE;
+        if (va != exact_value(b))
+            break;
+    }
+    int r;
+    if (prefix == common && n < m) { /* a truncate */
+        r = put_truncate(d, g, row, n);
+    } else if (prefix == common) { /* n > m: an append */
+        r = put_ids(d, R_APPEND, g, row, new, m, n);
+    } else if (2 * prefix >= n) {
+        r = put_truncate(d, g, row, prefix);
+        if (!r)
+            r = put_ids(d, R_APPEND, g, row, new, prefix, n);
+    } else {
+        r = put_ids(d, R_WHOLE, g, row, new, 0, n);
+    }
+    return r ? r : fresh_copy(new, held); /* every id past the prefix was sent, so checked */
+}
+
+static int plain_key(PyObject *key)
+{
+    return PyUnicode_CheckExact(key) || PyLong_CheckExact(key);
+}
+
+static int same_name(PyObject *a, PyObject *b)
+{
+    return a == b || (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b) &&
+                      PyUnicode_Compare(a, b) == 0);
+}
+
+/* Group `name`'s held list in `old` (borrowed; NULL with DECLINE in *r when there is none). The
+ * held dict is read in step with the caller's (`*at`, the same order as a rule) and looked up
+ * only when the orders differ, after checking every key is an exact str (no __eq__ runs). */
+static PyObject *held_list(PyObject *old, PyObject *name, Py_ssize_t *at, int *r)
+{
+    PyObject *key, *was;
+    if (PyDict_Next(old, at, &key, &was) && same_name(key, name) && PyList_CheckExact(was))
+        return was;
+    Py_ssize_t i = 0;
+    while (PyDict_Next(old, &i, &key, &was))
+        if (!PyUnicode_CheckExact(key)) {
+            *r = DECLINE;
+            return NULL;
+        }
+    was = PyDict_GetItemWithError(old, name);
+    *r = was ? (PyList_CheckExact(was) ? 0 : DECLINE) : PyErr_Occurred() ? ERROR : DECLINE;
+    return *r ? NULL : was;
+}
+
+/*
+ * One grouped request: `lists` its {group: ids}, `old` its held {group: list} (NULL: none).
+ * Sets *held to the dict held afterwards (a new reference): `old` itself when every group's
+ * held list stays (unchanged, or changed by a set at commit), else a new dict.
+ */
+static int diff_request(Diff *d, PyObject *names, Py_ssize_t row, PyObject *old, PyObject *lists,
+                        PyObject **held)
+{
+    *held = NULL;
+    Py_ssize_t G = PyTuple_GET_SIZE(names);
+    if (!PyDict_CheckExact(lists) || PyDict_GET_SIZE(lists) != G)
+        return DECLINE;
+    if (old && (!PyDict_CheckExact(old) || PyDict_GET_SIZE(old) != G))
+        return DECLINE;
+    PyObject *small[16], **copies = G <= 16 ? small : PyMem_Malloc((size_t)G * sizeof(PyObject *));
+    if (!copies) {
+        PyErr_NoMemory();
+        return ERROR;
+    }
+    Py_ssize_t at = 0, old_at = 0, g = 0;
+    PyObject *key, *ids, *was = NULL;
+    int r = 0, replaced = old == NULL;
+    for (; !r && PyDict_Next(lists, &at, &key, &ids); g++) {
+        PyObject *name = PyTuple_GET_ITEM(names, g);
+        if (!same_name(key, name)) {
+            r = DECLINE;
+            break;
+        }
+        if (old && !(was = held_list(old, name, &old_at, &r)))
+            break;
+        r = diff_row(d, g, row, was, ids, &copies[g]);
+        if (r)
+            break;
+        replaced |= copies[g] != was;
+    }
+    if (!r && !replaced) {
+        Py_INCREF(old);
+        *held = old;
+    } else if (!r) {
+        PyObject *dict = *held = PyDict_New();
+        for (Py_ssize_t i = 0; i < G && !r; i++)
+            r = !dict || PyDict_SetItem(dict, PyTuple_GET_ITEM(names, i), copies[i]) ? ERROR : 0;
+        if (r) {
+            Py_XDECREF(dict);
+            *held = NULL;
+        }
+    }
+    for (Py_ssize_t i = 0; i < g; i++) /* the copies made (g: the groups diffed in full) */
+        Py_DECREF(copies[i]);
+    if (copies != small)
+        PyMem_Free(copies);
+    return r;
+}
+
+/* diff_lists(held, request_ids, block_lists, names) -> (data, count, new_held) | None */
+PyObject *bk_diff_lists(PyObject *module, PyObject *args)
+{
+    PyObject *held, *requests, *lists, *names;
+    if (!PyArg_ParseTuple(args, "OOOO", &held, &requests, &lists, &names))
+        return NULL;
+    if (!PyDict_CheckExact(held) || !PyList_CheckExact(requests) || !PyList_CheckExact(lists) ||
+        PyList_GET_SIZE(lists) != PyList_GET_SIZE(requests) ||
+        (names != Py_None && !PyTuple_CheckExact(names)))
+        Py_RETURN_NONE;
+    Py_ssize_t A = PyList_GET_SIZE(requests);
+    if (names != Py_None) /* group names: exact str, so no lookup runs a key's __eq__ */
+        for (Py_ssize_t g = 0; g < PyTuple_GET_SIZE(names); g++)
+            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(names, g)))
+                Py_RETURN_NONE;
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(held, &at, &key, &value)) /* every lookup below compares plain keys */
+        if (!plain_key(key))
+            Py_RETURN_NONE;
+    Diff d = {0};
+    PyObject *new_held = PyDict_New();
+    PyObject *result = NULL;
+    int r = new_held ? 0 : ERROR;
+    for (Py_ssize_t row = 0; row < A && !r; row++) {
+        PyObject *request = PyList_GET_ITEM(requests, row);
+        PyObject *now = PyList_GET_ITEM(lists, row);
+        if (!plain_key(request)) {
+            r = DECLINE;
+            break;
+        }
+        PyObject *old = PyDict_GetItemWithError(held, request);
+        if (!old && PyErr_Occurred()) {
+            r = ERROR;
+            break;
+        }
+        if (PyDict_Contains(new_held, request)) { /* a repeated request: the caller's rule */
+            r = DECLINE;
+            break;
+        }
+        PyObject *copy = NULL;
+        if (names == Py_None) {
+            if (old && !PyList_CheckExact(old))
+                r = DECLINE;
+            else
+                r = diff_row(&d, 0, row, old, now, &copy);
+        } else {
+            r = diff_request(&d, names, row, old, now, &copy);
+        }
+        if (!r) {
+            r = PyDict_SetItem(new_held, request, copy) ? ERROR : 0;
+            Py_DECREF(copy);
+        }
+    }
+    if (!r) {
+        PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(d.out.n * 4));
+        if (data) {
+            unsigned char *b = (unsigned char *)PyBytes_AS_STRING(data);
+#if PY_LITTLE_ENDIAN
+            if (d.out.n)
+                memcpy(b, d.out.w, (size_t)d.out.n * 4);
+#else
+            for (Py_ssize_t i = 0; i < d.out.n; i++) { /* little-endian words */
+                uint32_t v = d.out.w[i];
+                b[4 * i] = (unsigned char)v, b[4 * i + 1] = (unsigned char)(v >> 8);
+                b[4 * i + 2] = (unsigned char)(v >> 16), b[4 * i + 3] = (unsigned char)(v >> 24);
+            }
+#endif
+            result = Py_BuildValue("(NnO)", data, d.count, new_held);
+        }
+        if (result) { /* commit: the sets' ids into the held copies (item swaps, no failure) */
+            for (Py_ssize_t i = 0; i < d.ncells; i++) {
+                Cell *c = &d.cells[i];
+                PyObject *was = PyList_GET_ITEM(c->list, c->at);
+                Py_INCREF(c->value);
+                PyList_SET_ITEM(c->list, c->at, c->value);
+                Py_DECREF(was); /* an int: its deallocation runs no Python code */
+            }
+        }
+    } else if (r == DECLINE) {
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    Py_XDECREF(new_held);
+    PyMem_Free(d.out.w);
+    PyMem_Free(d.cells);
+    PyMem_Free(d.pos);
+    return result;
+}
