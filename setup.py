@@ -1,23 +1,32 @@
-"""Build of the optional C kernel, ``blockprep.engine._kernel``.
+"""Build of the optional C kernel: ``blockprep.engine._kernel`` (the table engine) and
+``blockprep._differ`` (the block-list encoders' step).
 
-The extension is ``optional``: where no C compiler or Python headers exist, the build warns and
-the install carries on without it, and ``blockprep.engine`` runs its pure-Python twin
+The extensions are ``optional``: where no C compiler or Python headers exist, the build warns and
+the install carries on without them, and blockprep runs its pure-Python twin
 (``blockprep.kernel_backend()`` says which runs). The kernel uses the CPython C API and the buffer
 protocol only: no NumPy or torch headers, so one build serves every NumPy and torch version.
 """
 
 from setuptools import Extension, setup
 
+FLAGS = ["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
 setup(
     ext_modules=[
         Extension(
             "blockprep.engine._kernel",
             sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c",
-                     "blockprep/engine/marks.c", "blockprep/engine/records.c",
-                     "blockprep/engine/differ.c"],
+                     "blockprep/engine/marks.c", "blockprep/engine/records.c"],
             depends=["blockprep/engine/kernel.h"],
-            extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+            extra_compile_args=FLAGS,
             optional=True,
-        )
+        ),
+        Extension(  # the encoders' step: a module of its own, so blockprep.wire can import it
+            "blockprep._differ",
+            sources=["blockprep/engine/differ.c"],
+            depends=["blockprep/engine/kernel.h"],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
     ]
 )

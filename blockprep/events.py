@@ -33,7 +33,7 @@ from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from blockprep import engine
+from blockprep import backend
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.packed import (
     APPEND_RECORD,
@@ -477,8 +477,8 @@ class PackedDeltaEncoder:
         (flat or these groups) or an id outside ``[0, 2**31)``.
         """
         check_batch(request_ids, block_lists)
-        if engine.diff_lists is not None:  # compiled; None: a step it does not take
-            done = engine.diff_lists(self._held, request_ids, block_lists, self._groups)
+        if backend.diff_lists is not None:  # compiled; None: a step it does not take
+            done = backend.diff_lists(self._held, request_ids, block_lists, self._groups)
             if done is not None:
                 data, count, self._held = done
                 return self._sent(count, data)

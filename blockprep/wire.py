@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from blockprep import log
+from blockprep import backend, log
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import has_integer_dtype, is_integer_id
 
@@ -115,6 +115,13 @@ class BlockDeltaEncoder:
                 that is not an integer (a bool or a float included).
         """
         check_batch(request_ids, block_lists)
+        if backend.diff_lists is not None:  # compiled; None: a step it does not take
+            first = block_lists[0] if len(block_lists) else None
+            names = tuple(first) if type(first) is dict else None
+            done = backend.diff_lists(self._held, request_ids, block_lists, names, True)
+            if done is not None:
+                self._held = done[2]
+                return self._sent(done[0])
         held = self._held
         rows: dict[Hashable, Any] = {}
         new_held: dict[Hashable, Any] = {}
@@ -160,8 +167,12 @@ class BlockDeltaEncoder:
                 ops = diff_ops(old, current)
                 if ops:
                     rows[request] = ops
-        message = {"seq": self._next, "base": self._base, "rows": rows}
         self._held = new_held
+        return self._sent(rows)
+
+    def _sent(self, rows: dict[Hashable, Any]) -> dict[str, Any]:
+        """The message of ``rows``, and the numbers moved on."""
+        message = {"seq": self._next, "base": self._base, "rows": rows}
         self._base = self._next
         self._next += 1
         return message

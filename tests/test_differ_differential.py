@@ -1,15 +1,16 @@
-"""The packed differ's compiled step (``_kernel.diff_lists``) against its specification, the
-differ's Python code (:meth:`blockprep.events.PackedDeltaEncoder.encode` with
-``engine.diff_lists`` unset).
+"""The encoders' compiled step (``blockprep._differ.diff_lists``) against its specification, the
+encoders' Python code (:meth:`blockprep.events.PackedDeltaEncoder.encode` and
+:meth:`blockprep.wire.BlockDeltaEncoder.encode` with ``backend.diff_lists`` unset).
 
-A hypothesis state machine drives two encoders with the same steps: the scheduler's lists
-changed by appends, sets, truncates and replacements, requests joining, leaving and reordered,
-and steps that are not the compiled step's (tuples, NumPy ints, bools, floats, ids out of range,
-groups missing, extra or reordered, request ids of other types, a repeated request). After every
-step both encoders' messages (every byte) and held copies are equal, or both refused the step
-with the same exception type and text, and what the worker rebuilds from the messages equals
-the scheduler's lists. The compiled kernel is imported directly, so this runs in the
-twin-forced pass too; it is skipped where the extension was not built.
+A hypothesis state machine drives two encoders of each kind with the same steps: the
+scheduler's lists changed by appends, sets, truncates and replacements, requests joining,
+leaving and reordered, and steps that are not the compiled step's (tuples, NumPy ints, bools,
+floats, ids out of range, groups missing, extra or reordered, request ids of other types, a
+repeated request). After every step the two encoders of a kind give equal messages (every byte)
+and held copies, or both refused the step with the same exception type and text; the wire
+message carries the packed one's ops; and what the worker rebuilds from the messages equals the
+scheduler's lists. The compiled module is imported directly, so this runs in the twin-forced
+pass too; it is skipped where the extension was not built.
 """
 
 from __future__ import annotations
@@ -23,28 +24,28 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from blockprep import engine
+from blockprep import backend
 from blockprep.events import PackedDeltaEncoder
 from blockprep.packed import unpack
-from blockprep.wire import apply_ops
+from blockprep.wire import BlockDeltaEncoder, apply_ops
 
-compiled = pytest.importorskip("blockprep.engine._kernel")
+compiled = pytest.importorskip("blockprep._differ")
 
 GROUPS = ("swa", "c4", "c128")
 IDS = st.integers(0, 50)
 KINDS = ["append", "set", "set", "many", "truncate", "splice"]
 
 
-def encode(encoder: PackedDeltaEncoder, fast: bool, batch: list[Any], lists: list[Any]) -> Any:
+def encode(encoder: Any, fast: bool, batch: list[Any], lists: list[Any]) -> Any:
     """``encoder.encode`` with the compiled step (``fast``) or the Python code alone."""
-    saved = engine.diff_lists
-    engine.diff_lists = compiled.diff_lists if fast else None
+    saved = backend.diff_lists
+    backend.diff_lists = compiled.diff_lists if fast else None
     try:
         return encoder.encode(batch, lists)
     except (TypeError, ValueError) as error:
         return error
     finally:
-        engine.diff_lists = saved
+        backend.diff_lists = saved
 
 
 class DifferMachine(RuleBasedStateMachine):
@@ -55,6 +56,7 @@ class DifferMachine(RuleBasedStateMachine):
         self.groups = GROUPS if grouped else None
         self.fast = PackedDeltaEncoder(self.groups)
         self.slow = PackedDeltaEncoder(self.groups)
+        self.wire_fast, self.wire_slow = BlockDeltaEncoder(), BlockDeltaEncoder()
         self.truth: dict[Any, list[list[int]]] = {}
         self.order: list[Any] = []
         self.worker: dict[Any, Any] = {}  # what the worker holds, rebuilt from the messages
@@ -98,8 +100,8 @@ class DifferMachine(RuleBasedStateMachine):
 
     @rule()
     def resync(self) -> None:
-        self.fast.reset()
-        self.slow.reset()
+        for encoder in (self.fast, self.slow, self.wire_fast, self.wire_slow):
+            encoder.reset()
         self.worker = {}
 
     @rule(
@@ -137,10 +139,20 @@ class DifferMachine(RuleBasedStateMachine):
             row = data.draw(st.integers(0, len(batch) - 1))
             self.spoil(batch, lists, row, odd, data)
         held_before = copy.deepcopy(self.fast._held)
+        wire_before = copy.deepcopy(self.wire_fast._held)
         got = encode(self.fast, True, batch, copy.deepcopy(lists))
-        want = encode(self.slow, False, batch, lists)
+        want = encode(self.slow, False, batch, copy.deepcopy(lists))
+        wire_got = encode(self.wire_fast, True, batch, copy.deepcopy(lists))
+        wire_want = encode(self.wire_slow, False, batch, lists)
+        for fast, slow in ((got, want), (wire_got, wire_want)):
+            if isinstance(slow, Exception):
+                assert type(fast) is type(slow) and str(fast) == str(slow)
+        if isinstance(wire_want, Exception):
+            assert self.wire_fast._held == wire_before
+        else:
+            assert wire_got == wire_want
+            assert self.wire_fast._held == self.wire_slow._held
         if isinstance(want, Exception):
-            assert type(got) is type(want) and str(got) == str(want)
             assert self.fast._held == held_before
             return
         assert got == want  # every header field and payload byte
@@ -148,6 +160,8 @@ class DifferMachine(RuleBasedStateMachine):
         if odd == "none" and all(type(r) in (str, int) for r in held_before):  # canonical
             assert compiled.diff_lists(held_before, batch, lists, self.groups) is not None
         rows = unpack(got, batch, None if self.groups is None else list(self.groups))["rows"]
+        if not isinstance(wire_got, Exception) and wire_before == held_before:  # the same ops
+            assert wire_got["rows"] == rows
         if got["base"] is None:
             self.worker = {}
         worker = {}

@@ -161,27 +161,30 @@ FALLBACK = """
     if {block}:
         class NoKernel:  # the compiled kernel missing, as on a machine without a compiler
             def find_spec(self, name, path=None, target=None):
-                if name == "blockprep.engine._kernel":
+                if name == {blocked!r}:
                     raise ImportError("no compiled kernel here")
                 return None
         sys.meta_path.insert(0, NoKernel())
     import blockprep
-    print("backend", blockprep.kernel_backend())
+    from blockprep import backend
+    print("backend", blockprep.kernel_backend(), backend.diff_lists and "compiled")
 """
 
 
-def test_the_fallback_warns_once_at_import_unless_forced() -> None:
-    missing = run_python(FALLBACK.format(block=True))
-    assert missing.stdout.strip() == "backend python"
+@pytest.mark.parametrize("blocked", ["blockprep.engine._kernel", "blockprep._differ"])
+def test_the_fallback_warns_once_at_import_unless_forced(blocked: str) -> None:
+    """Either compiled module missing: the twin runs everywhere (one backend), one warning."""
+    missing = run_python(FALLBACK.format(block=True, blocked=blocked))
+    assert missing.stdout.strip() == "backend python None"
     warnings = [line for line in missing.stderr.splitlines() if line.startswith("blockprep ")]
     assert len(warnings) == 1
     assert warnings[0].startswith("blockprep WARNING the compiled table kernel")
-    assert "no compiled kernel here" in warnings[0]
-    forced = run_python(FALLBACK.format(block=True), BLOCKPREP_PURE_PYTHON="1")
-    assert forced.stdout.strip() == "backend python"
+    assert "no compiled kernel here" in warnings[0] or "_differ was not built" in warnings[0]
+    forced = run_python(FALLBACK.format(block=True, blocked=blocked), BLOCKPREP_PURE_PYTHON="1")
+    assert forced.stdout.strip() == "backend python None"
     assert forced.stderr == ""
-    plain = run_python(FALLBACK.format(block=False))
-    if plain.stdout.strip() == "backend c":  # where the kernel was built: nothing to say
+    plain = run_python(FALLBACK.format(block=False, blocked=blocked))
+    if plain.stdout.strip() == "backend c compiled":  # where the kernel was built: nothing to say
         assert plain.stderr == ""
 
 

@@ -2,47 +2,41 @@
 
 Both provide ``GroupKernel`` with the same signatures and results (see
 :mod:`blockprep.engine.twin`, the specification), and ``index_records``, the index of a packed
-message's records (the twin: :func:`blockprep.packed.index_records`), and ``diff_lists``, the
-packed differ's compiled step (``None`` under the twin: the differ's Python code,
-:meth:`blockprep.events.PackedDeltaEncoder.encode`, is its specification, and it returns
-``None`` for any step it does not take, having changed nothing). The compiled ones are
+message's records (the twin: :func:`blockprep.packed.index_records`). The compiled ones are
 used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to anything but ``""`` or
-``"0"``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice is made
-once, at import.
+``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled step,
+``diff_lists``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice is
+made once, at import; it is "c" only when both compiled modules were built.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from blockprep import log, packed
+from blockprep import backend, log, packed
+from blockprep.backend import FORCED_PURE_PYTHON
 from blockprep.engine import twin
-
-FORCED_PURE_PYTHON = os.environ.get("BLOCKPREP_PURE_PYTHON", "") not in ("", "0")
-"""Whether ``BLOCKPREP_PURE_PYTHON`` forced the twin."""
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
 
-    diff_lists: Callable[..., tuple[bytes, int, dict[Any, Any]] | None] | None
     BACKEND = "python"
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
     index_records = packed.index_records
-    diff_lists = None
     BACKEND = "python"
 else:
     try:
-        from blockprep.engine._kernel import GroupKernel, diff_lists, index_records
+        from blockprep.engine._kernel import GroupKernel, index_records
 
+        if backend.diff_lists is None:
+            raise ImportError("blockprep._differ was not built")
         BACKEND = "c"
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
         index_records = packed.index_records
-        diff_lists = None
+        backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
         log.fallback(error)  # a WARNING record, once (not when forced)
 
@@ -56,7 +50,6 @@ __all__ = [
     "BACKEND",
     "FORCED_PURE_PYTHON",
     "GroupKernel",
-    "diff_lists",
     "index_records",
     "kernel_backend",
     "twin",

@@ -590,8 +590,6 @@ static PyTypeObject GroupKernelType = {
 static PyMethodDef module_methods[] = {
     {"index_records", (PyCFunction)bk_index_records, METH_VARARGS,
      "index_records(data, count, rows, groups) -> [{table row: (offset, ...)}] per group, or None"},
-    {"diff_lists", (PyCFunction)bk_diff_lists, METH_VARARGS,
-     "diff_lists(held, request_ids, block_lists, names) -> (data, count, new_held), or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,8 +1,10 @@
 /*
- * differ.c: diff_lists, the compiled step of the packed differ (blockprep/events.py,
- * PackedDeltaEncoder.encode, the specification). It compares each request's lists with the
- * copies last sent and packs what changed as int32 records, choosing each row's operation by
- * wire.diff_ops's rule.
+ * differ.c: the module blockprep._differ, diff_lists: the compiled step of both encoders
+ * (blockprep/events.py PackedDeltaEncoder.encode and blockprep/wire.py BlockDeltaEncoder.encode,
+ * the specification). It compares each request's lists with the copies last sent and packs what
+ * changed as int32 records, choosing each row's operation by wire.diff_ops's rule; with `as_ops`
+ * it hands back the records as blockprep.wire operations instead ({request: ops} or
+ * {request: {group: ops}}). A module of its own, below blockprep.wire, which imports it.
  *
  * It takes only the canonical step: request ids that are exact str or int (so no lookup runs
  * Python code), exact lists of exact ints, every sent id in [0, 2**31), grouped lists as exact
@@ -296,11 +298,108 @@ static int diff_request(Diff *d, PyObject *names, Py_ssize_t row, PyObject *old,
     return r;
 }
 
-/* diff_lists(held, request_ids, block_lists, names) -> (data, count, new_held) | None */
-PyObject *bk_diff_lists(PyObject *module, PyObject *args)
+static PyObject *TAGS[5]; /* by record kind: -, "w", "a", "s", "t" */
+
+/* A list of the n words at w as ints. */
+static PyObject *int_list(const uint32_t *w, Py_ssize_t n)
+{
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *x = PyLong_FromLong((long)w[i]);
+        if (!x) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, x);
+    }
+    return out;
+}
+
+/* One record as a blockprep.wire operation. */
+static PyObject *record_op(const uint32_t *w)
+{
+    uint32_t kind = w[0], n = w[3];
+    PyObject *tag = TAGS[kind];
+    if (kind == R_TRUNCATE)
+        return Py_BuildValue("[On]", tag, (Py_ssize_t)n);
+    if (kind == R_SET) {
+        PyObject *at = int_list(w + 4, n), *ids = at ? int_list(w + 4 + n, n) : NULL;
+        if (!ids) {
+            Py_XDECREF(at);
+            return NULL;
+        }
+        return Py_BuildValue("[ONN]", tag, at, ids);
+    }
+    return Py_BuildValue("[ON]", tag, int_list(w + 4, n));
+}
+
+/* The records of d as blockprep.wire's rows: {request: [op, ...]} (flat) or
+ * {request: {group: [op, ...]}}, in record order. */
+static PyObject *ops_rows(const Diff *d, PyObject *requests, PyObject *names)
+{
+    PyObject *rows = PyDict_New();
+    for (Py_ssize_t i = 0; rows && i < d->out.n;) {
+        const uint32_t *w = d->out.w + i;
+        PyObject *request = PyList_GET_ITEM(requests, w[2]);
+        PyObject *into = rows, *key = request, *ops, *op;
+        if (names != Py_None) { /* the request's {group: ops} */
+            if (!(into = PyDict_GetItemWithError(rows, request))) {
+                if (PyErr_Occurred() || !(into = PyDict_New()) ||
+                    PyDict_SetItem(rows, request, into) < 0) {
+                    Py_XDECREF(into);
+                    goto error;
+                }
+                Py_DECREF(into); /* rows holds it */
+            }
+            key = PyTuple_GET_ITEM(names, w[1]);
+        }
+        if (!(ops = PyDict_GetItemWithError(into, key))) {
+            if (PyErr_Occurred() || !(ops = PyList_New(0)) || PyDict_SetItem(into, key, ops) < 0) {
+                Py_XDECREF(ops);
+                goto error;
+            }
+            Py_DECREF(ops); /* into holds it */
+        }
+        if (!(op = record_op(w)) || PyList_Append(ops, op) < 0) {
+            Py_XDECREF(op);
+            goto error;
+        }
+        Py_DECREF(op);
+        i += 4 + bk_record_width((int32_t)w[0], (int32_t)w[3]);
+    }
+    return rows;
+error:
+    Py_DECREF(rows);
+    return NULL;
+}
+
+/* The records as the little-endian payload. */
+static PyObject *payload(const Diff *d)
+{
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(d->out.n * 4));
+    if (!data)
+        return NULL;
+    unsigned char *b = (unsigned char *)PyBytes_AS_STRING(data);
+#if PY_LITTLE_ENDIAN
+    if (d->out.n)
+        memcpy(b, d->out.w, (size_t)d->out.n * 4);
+#else
+    for (Py_ssize_t i = 0; i < d->out.n; i++) {
+        uint32_t v = d->out.w[i];
+        b[4 * i] = (unsigned char)v, b[4 * i + 1] = (unsigned char)(v >> 8);
+        b[4 * i + 2] = (unsigned char)(v >> 16), b[4 * i + 3] = (unsigned char)(v >> 24);
+    }
+#endif
+    return data;
+}
+
+/* diff_lists(held, request_ids, block_lists, names, as_ops=False)
+ *     -> (data or rows, count, new_held) | None */
+static PyObject *diff_lists(PyObject *module, PyObject *args)
 {
     PyObject *held, *requests, *lists, *names;
-    if (!PyArg_ParseTuple(args, "OOOO", &held, &requests, &lists, &names))
+    int as_ops = 0;
+    if (!PyArg_ParseTuple(args, "OOOO|p", &held, &requests, &lists, &names, &as_ops))
         return NULL;
     if (!PyDict_CheckExact(held) || !PyList_CheckExact(requests) || !PyList_CheckExact(lists) ||
         PyList_GET_SIZE(lists) != PyList_GET_SIZE(requests) ||
@@ -351,21 +450,9 @@ PyObject *bk_diff_lists(PyObject *module, PyObject *args)
         }
     }
     if (!r) {
-        PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(d.out.n * 4));
-        if (data) {
-            unsigned char *b = (unsigned char *)PyBytes_AS_STRING(data);
-#if PY_LITTLE_ENDIAN
-            if (d.out.n)
-                memcpy(b, d.out.w, (size_t)d.out.n * 4);
-#else
-            for (Py_ssize_t i = 0; i < d.out.n; i++) { /* little-endian words */
-                uint32_t v = d.out.w[i];
-                b[4 * i] = (unsigned char)v, b[4 * i + 1] = (unsigned char)(v >> 8);
-                b[4 * i + 2] = (unsigned char)(v >> 16), b[4 * i + 3] = (unsigned char)(v >> 24);
-            }
-#endif
-            result = Py_BuildValue("(NnO)", data, d.count, new_held);
-        }
+        PyObject *out = as_ops ? ops_rows(&d, requests, names) : payload(&d);
+        if (out)
+            result = Py_BuildValue("(NnO)", out, d.count, new_held);
         if (result) { /* commit: the sets' ids into the held copies (item swaps, no failure) */
             for (Py_ssize_t i = 0; i < d.ncells; i++) {
                 Cell *c = &d.cells[i];
@@ -384,4 +471,28 @@ PyObject *bk_diff_lists(PyObject *module, PyObject *args)
     PyMem_Free(d.cells);
     PyMem_Free(d.pos);
     return result;
+}
+
+static PyMethodDef differ_methods[] = {
+    {"diff_lists", (PyCFunction)diff_lists, METH_VARARGS,
+     "diff_lists(held, request_ids, block_lists, names, as_ops=False) -> (data or rows, count, "
+     "new_held), or None for a step it does not take (nothing changed)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef differ_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_differ",
+    .m_doc = "The block-list encoders' compiled step (see blockprep/events.py and wire.py).",
+    .m_size = -1,
+    .m_methods = differ_methods,
+};
+
+PyMODINIT_FUNC PyInit__differ(void)
+{
+    static const char *tags[5] = {"", "w", "a", "s", "t"};
+    for (int t = 0; t < 5; t++)
+        if (!TAGS[t] && !(TAGS[t] = PyUnicode_InternFromString(tags[t])))
+            return NULL;
+    return PyModule_Create(&differ_module);
 }

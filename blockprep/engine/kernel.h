@@ -96,6 +96,5 @@ void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
 PyObject *bk_stage(GroupKernel *self, PyObject *args);
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */
-PyObject *bk_diff_lists(PyObject *module, PyObject *args);    /* differ.c */
 
 #endif
