@@ -32,7 +32,7 @@ import operator
 import sys
 from array import array
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from blockprep import backend
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
@@ -378,15 +378,16 @@ class BlockEventRecorder:
         row of every other request's handle, and of every request's (checked: every request
         live, none twice)."""
         live = self._live
-        states = list(map(live.get, request_ids))  # C speed: a batch of hundreds
-        if None in states:
-            row = states.index(None)
+        found = list(map(live.get, request_ids))  # C speed: a batch of hundreds
+        if None in found:
+            row = found.index(None)
             raise BlockprepValueError(
                 f"batch row {row}: request {request_ids[row]!r} is not live (start it first)"
             )
         batch = set(request_ids)
         if len(batch) != len(request_ids):
             raise BlockprepValueError("request ids must be unique within a batch")
+        states = cast(list[_Live], found)
         every = dict(zip(map(_HANDLE, states), range(len(states)), strict=True))  # handle -> row
         if self._base is None:
             new_rows: list[int] = list(range(len(states)))
