@@ -40,21 +40,26 @@ typedef struct {
 
 enum { DECLINE = 1, ERROR = -1 };
 
+/* The growable array buf of *cap items of `size` bytes, with room for need >= 1 items (NULL
+ * with MemoryError, buf left as it was). */
+static void *grown(void *buf, Py_ssize_t *cap, Py_ssize_t need, size_t size)
+{
+    if (need <= *cap)
+        return buf;
+    Py_ssize_t more = *cap ? *cap : 256;
+    while (more < need)
+        more *= 2;
+    void *p = PyMem_Realloc(buf, (size_t)more * size);
+    if (!p)
+        return PyErr_NoMemory();
+    *cap = more;
+    return p;
+}
+
 static int words_reserve(Words *o, Py_ssize_t k)
 {
-    if (o->n + k <= o->cap)
-        return 0;
-    Py_ssize_t cap = o->cap ? o->cap : 1024;
-    while (cap < o->n + k)
-        cap *= 2;
-    uint32_t *w = PyMem_Realloc(o->w, (size_t)cap * sizeof(uint32_t));
-    if (!w) {
-        PyErr_NoMemory();
-        return ERROR;
-    }
-    o->w = w;
-    o->cap = cap;
-    return 0;
+    uint32_t *w = grown(o->w, &o->cap, o->n + k, sizeof(uint32_t));
+    return w ? (o->w = w, 0) : ERROR;
 }
 
 /* The value of list item i when it is an exact int; BIG (no id) otherwise. */
@@ -138,15 +143,10 @@ static int diff_row(Diff *d, Py_ssize_t g, Py_ssize_t row, PyObject *old, PyObje
                 return DECLINE;
             if (va == exact_value(b))
                 continue;
-            if (k == d->cappos) {
-                Py_ssize_t cap = d->cappos ? 2 * d->cappos : 64;
-                Py_ssize_t *p = PyMem_Realloc(d->pos, (size_t)cap * sizeof(Py_ssize_t));
-                if (!p) {
-                    PyErr_NoMemory();
-                    return ERROR;
-                }
-                d->pos = p, d->cappos = cap;
-            }
+            Py_ssize_t *pos = grown(d->pos, &d->cappos, k + 1, sizeof(Py_ssize_t));
+            if (!pos)
+                return ERROR;
+            d->pos = pos;
             d->pos[k++] = i;
         }
         if (k == 0) {
@@ -160,17 +160,10 @@ static int diff_row(Diff *d, Py_ssize_t g, Py_ssize_t row, PyObject *old, PyObje
         }
         if (words_reserve(&d->out, 4 + 2 * k))
             return ERROR;
-        if (d->ncells + k > d->capcells) {
-            Py_ssize_t cap = d->capcells ? d->capcells : 256;
-            while (cap < d->ncells + k)
-                cap *= 2;
-            Cell *c = PyMem_Realloc(d->cells, (size_t)cap * sizeof(Cell));
-            if (!c) {
-                PyErr_NoMemory();
-                return ERROR;
-            }
-            d->cells = c, d->capcells = cap;
-        }
+        Cell *cells = grown(d->cells, &d->capcells, d->ncells + k, sizeof(Cell));
+        if (!cells)
+            return ERROR;
+        d->cells = cells;
         uint32_t *w = d->out.w + d->out.n;
         w[0] = R_SET, w[1] = (uint32_t)g, w[2] = (uint32_t)row, w[3] = (uint32_t)k;
         for (Py_ssize_t j = 0; j < k; j++) {
