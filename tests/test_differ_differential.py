@@ -272,3 +272,17 @@ def test_a_declined_step_changes_nothing() -> None:
     held = {"a": [1, 2, 3]}
     assert compiled.diff_lists(held, ["a"], [[1, 7, 2.5]], None) is None
     assert held == {"a": [1, 2, 3]}
+
+
+@pytest.mark.parametrize("first", [0, 1, 5])
+def test_held_copies_of_other_ints_are_declined_not_read(first: int) -> None:
+    """``BlockDeltaEncoder``'s Python code keeps the caller's NumPy ints in its held copy; the
+    next step's compiled call must not read them as Python ints (it declines, the Python code
+    takes the step): the same messages as the Python code's alone."""
+    fast, slow = BlockDeltaEncoder(), BlockDeltaEncoder()
+    steps = [[[np.int64(first), 5, 7]], [[first, 5, 8]], [[first, 5, 8, 9]]]
+    for lists in steps:
+        assert encode(fast, True, ["a"], lists) == encode(slow, False, ["a"], lists)
+        assert fast._held == slow._held
+    held = {"a": [np.int64(first), 5, 7]}
+    assert compiled.diff_lists(held, ["a"], [[first, 5, 8]], None) is None

@@ -7,7 +7,8 @@
  * {request: {group: ops}}). A module of its own, below blockprep.wire, which imports it.
  *
  * It takes only the canonical step: request ids that are exact str or int (so no lookup runs
- * Python code), exact lists of exact ints, every sent id in [0, 2**31), grouped lists as exact
+ * Python code), exact lists of exact ints (the caller's and the held copies alike: the Python
+ * code may have kept other ints there), every sent id in [0, 2**31), grouped lists as exact
  * dicts whose keys are `names` in order. For anything else it returns None having changed
  * nothing, and the caller runs the Python encoder, which defines every result and error.
  *
@@ -62,15 +63,16 @@ static int words_reserve(Words *o, Py_ssize_t k)
     return w ? (o->w = w, 0) : ERROR;
 }
 
-/* The value of list item i when it is an exact int; BIG (no id) otherwise. */
-static inline long long item_value(PyObject *lst, Py_ssize_t i, int *plain)
+/* Whether item i of `new` differs from item i of the held copy `old`: 0 or 1, or DECLINE_ID
+ * when either is not an exact int (the held copies are the caller's ids when the Python code
+ * made them, so they are checked like the caller's: exact_value reads only exact ints). */
+enum { DECLINE_ID = -1 };
+static inline int id_differs(PyObject *new, PyObject *old, Py_ssize_t i)
 {
-    PyObject *x = PyList_GET_ITEM(lst, i);
-    if (!PyLong_CheckExact(x)) {
-        *plain = 0;
-        return BIG;
-    }
-    return exact_value(x);
+    PyObject *a = PyList_GET_ITEM(new, i), *b = PyList_GET_ITEM(old, i);
+    if (!PyLong_CheckExact(a) || (a != b && !PyLong_CheckExact(b)))
+        return DECLINE_ID;
+    return a != b && exact_value(a) != exact_value(b);
 }
 
 /* Record header then items [from, to) of `lst` (each an id in range, else DECLINE). */
@@ -82,9 +84,9 @@ static int put_ids(Diff *d, int32_t kind, Py_ssize_t g, Py_ssize_t row, PyObject
     uint32_t *w = d->out.w + d->out.n;
     w[0] = (uint32_t)kind, w[1] = (uint32_t)g, w[2] = (uint32_t)row, w[3] = (uint32_t)(to - from);
     for (Py_ssize_t i = from; i < to; i++) {
-        int plain = 1;
-        long long v = item_value(lst, i, &plain);
-        if (!plain || v < 0 || v >= ID_LIMIT)
+        PyObject *x = PyList_GET_ITEM(lst, i);
+        long long v = PyLong_CheckExact(x) ? exact_value(x) : -1;
+        if (v < 0 || v >= ID_LIMIT)
             return DECLINE;
         w[4 + i - from] = (uint32_t)v;
     }
@@ -131,17 +133,13 @@ static int diff_row(Diff *d, Py_ssize_t g, Py_ssize_t row, PyObject *old, PyObje
     }
     Py_ssize_t m = PyList_GET_SIZE(old);
     Py_ssize_t common = n < m ? n : m, prefix = 0;
-    int plain = 1;
     if (n == m) { /* the positions that differ */
         Py_ssize_t k = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *a = PyList_GET_ITEM(new, i), *b = PyList_GET_ITEM(old, i);
-            if (a == b)
-                continue;
-            long long va = item_value(new, i, &plain);
-            if (!plain)
+            int differs = id_differs(new, old, i);
+            if (differs == DECLINE_ID)
                 return DECLINE;
-            if (va == exact_value(b))
+            if (!differs)
                 continue;
             Py_ssize_t *pos = grown(d->pos, &d->cappos, k + 1, sizeof(Py_ssize_t));
             if (!pos)
@@ -183,13 +181,10 @@ static int diff_row(Diff *d, Py_ssize_t g, Py_ssize_t row, PyObject *old, PyObje
         return 0;
     }
     for (; prefix < common; prefix++) { /* the common prefix */
-        PyObject *a = PyList_GET_ITEM(new, prefix), *b = PyList_GET_ITEM(old, prefix);
-        if (a == b)
-            continue;
-        long long va = item_value(new, prefix, &plain);
-        if (!plain)
+        int differs = id_differs(new, old, prefix);
+        if (differs == DECLINE_ID)
             return DECLINE;
-        if (va != exact_value(b))
+        if (differs)
             break;
     }
     int r;
