@@ -104,7 +104,7 @@ def check(partitions: list[Any]) -> None:
 
 
 ranks_of = st.integers(0, R - 1)
-faulty = st.one_of(
+unusual = st.one_of(  # faulty partitions, and a NumPy int (a rank)
     st.integers(-3, -1),
     st.integers(R, R + 2),
     st.just(2**70),
@@ -124,7 +124,7 @@ def test_valid_partitions_match_the_model(partitions: list[int]) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.one_of(ranks_of, ranks_of, faulty), min_size=1, max_size=R * B + 3))
+@given(st.lists(st.one_of(ranks_of, ranks_of, unusual), min_size=1, max_size=R * B + 3))
 def test_any_partitions_match_the_model(partitions: list[Any]) -> None:
     """Out of range, past a rank's capacity (which comes first in batch order decides the
     message), or not an integer."""
