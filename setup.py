@@ -16,7 +16,8 @@ setup(
         Extension(
             "blockprep.engine._kernel",
             sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c",
-                     "blockprep/engine/marks.c", "blockprep/engine/records.c"],
+                     "blockprep/engine/marks.c", "blockprep/engine/records.c",
+                     "blockprep/engine/dynamic.c"],
             depends=["blockprep/engine/kernel.h"],
             extra_compile_args=FLAGS,
             optional=True,

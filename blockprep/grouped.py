@@ -361,6 +361,34 @@ class GroupedTables:
             plans.append(plan)
         return GroupedStep(tuple(plans), keys, self._version)
 
+    def plan_mappings(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        keys: Sequence[Hashable | None],
+        place: Callable[[int], str] = default_place,
+    ) -> GroupedStep:
+        """:meth:`plan` with the rows given as ``num_rows`` mappings ``{group name: ids}`` (a
+        batch's ``block_ids_by_group``, in table order): each group's lists are read where they
+        are, no columns made. Same results and errors as :meth:`plan` of the columns
+        ``[[row[name] for row in rows] for name in groups]`` (a row that is no mapping or lacks a
+        group raises what making those columns raises)."""
+        if type(rows) is list and len(rows) == self._num_rows:
+            step_keys, srcs = self._key_changes(keys)
+            plans = []
+            for group, kernel in zip(self._groups, self._kernels, strict=True):
+                try:
+                    plan, fault = kernel.stage(None, rows, srcs, _convert, group.name)
+                except (TypeError, KeyError):  # a row no dict or without the group
+                    break
+                if fault is not None:  # the columns' plan words it
+                    break
+                plans.append(plan)
+            else:
+                return GroupedStep(tuple(plans), step_keys, self._version)
+        names = [group.name for group in self._groups]
+        by_row = [[row[name] for name in names] for row in rows]  # raises as the batch's reader
+        return self.plan([list(column) for column in zip(*by_row, strict=True)], keys, place)
+
     def plan_deltas(
         self,
         changes: Sequence[Mapping[int, Any]],

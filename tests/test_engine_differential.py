@@ -158,10 +158,25 @@ class KernelPair(RuleBasedStateMachine):
             visit = sorted(set(data.draw(st.lists(st.integers(0, rows - 1), max_size=rows))))
         else:
             visit = list(range(rows))
-        lists = [self._row(data, r) for r in visit]
+        lists: list[Any] = [self._row(data, r) for r in visit]
         given = None if not subset else visit
-        plan_c, fault_c = self.c.stage(given, lists, srcs, _convert)
-        plan_py, fault_py = self.py.stage(given, lists, srcs, _convert)
+        key = None
+        if not subset and data.draw(st.booleans()):  # each row a dict of lists, read by key
+            key = "g"
+            lists = [{"other": [-1], "g": ids} for ids in lists]
+            if data.draw(st.integers(0, 3)) == 0:  # a row no dict, or one without the key
+                r = data.draw(st.integers(0, rows - 1))
+                lists[r] = data.draw(st.sampled_from([lists[r]["g"], {"h": [1]}, None, (1,)]))
+        outcome = []
+        for kernel in (self.c, self.py):
+            try:
+                outcome.append(kernel.stage(given, lists, srcs, _convert, key))
+            except (TypeError, KeyError) as error:
+                outcome.append((type(error), str(error)))
+        if type(outcome[0][0]) is type:  # refused before staging: alike
+            assert outcome[0] == outcome[1]
+            return
+        (plan_c, fault_c), (plan_py, fault_py) = outcome
         assert same_fault(fault_c, fault_py), (fault_c, fault_py)
         if fault_c is not None:
             return
@@ -385,6 +400,15 @@ def faces(monkeypatch: pytest.MonkeyPatch, *args: Any, **kwargs: Any) -> list[Gr
     return out
 
 
+def plan(face: GroupedTables, mappings: bool, rows: list[Any], keys: list[Any]) -> Any:
+    """``face.plan`` of the columns ``rows``, or ``plan_mappings`` of the same rows as dicts."""
+    if not mappings:
+        return face.plan(rows, keys)
+    names = [group.name for group in face.groups]
+    by_row = [dict(zip(names, ids, strict=True)) for ids in zip(*rows, strict=True)]
+    return face.plan_mappings(by_row, keys)
+
+
 def test_faces_agree_on_a_long_wire_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     """A DeepSeek V4-shaped trace (rings and paged groups, requests coming, going and moving,
     every batch through a pickle round trip), by value and with a fault injected now and then:
@@ -428,6 +452,19 @@ def test_faces_agree_on_a_long_wire_trace(monkeypatch: pytest.MonkeyPatch) -> No
             for gi in range(3)
         ]
         rows = pickle.loads(pickle.dumps(rows))
+        mappings = step % 3 == 0  # the rows as a batch's dicts by group, read in place
+        if mappings and rng.random() < 0.1:  # a row no dict, or without a group: alike
+            by_row = [{g.name: rows[gi][r] for gi, g in enumerate(groups)} for r in range(num_rows)]
+            r = rng.randrange(num_rows)
+            by_row[r] = rng.choice([None, [1], {"ring4": [1]}])
+            errors = []
+            for face in pair:
+                with pytest.raises((TypeError, KeyError)) as caught:
+                    face.plan_mappings(by_row, keys)
+                errors.append((caught.type, str(caught.value)))
+            with pytest.raises((TypeError, KeyError)) as direct:
+                [[row[g.name] for g in groups] for row in by_row]  # what reading the batch raises
+            assert errors[0] == errors[1] == (direct.type, str(direct.value))
         if rng.random() < 0.1:  # a fault: both must reject it alike and change nothing
             gi, r = rng.randrange(3), rng.randrange(len(order))
             bad = rng.choice([-3, 10**6, 2.5, True, "x", rows[gi][r][0]])
@@ -435,14 +472,19 @@ def test_faces_agree_on_a_long_wire_trace(monkeypatch: pytest.MonkeyPatch) -> No
             errors = []
             for face in pair:
                 try:
-                    face.commit(face.plan(rows, keys), step % slots)
+                    face.commit(plan(face, mappings, rows, keys), step % slots)
                     errors.append(None)
                 except (TypeError, ValueError) as error:
                     errors.append((type(error), str(error)))
             assert errors[0] == errors[1]
+            if mappings:  # the same words as the columns' plan
+                try:
+                    pair[1].plan(rows, keys)
+                except (TypeError, ValueError) as error:
+                    assert errors[1] == (type(error), str(error))
         else:
             for face in pair:
-                face.commit(face.plan(rows, keys), step % slots)
+                face.commit(plan(face, mappings, rows, keys), step % slots)
         for s in range(slots):
             a, b = pair[0].tables(s), pair[1].tables(s)
             for name in a:

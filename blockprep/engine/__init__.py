@@ -1,12 +1,13 @@
 """The table engine's kernel: compiled (``_kernel``, C) or its pure-Python twin (``twin``).
 
 Both provide ``GroupKernel`` with the same signatures and results (see
-:mod:`blockprep.engine.twin`, the specification), and ``index_records``, the index of a packed
-message's records (the twin: :func:`blockprep.packed.index_records`). The compiled ones are
-used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to anything but ``""`` or
-``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled step,
-``diff_lists``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice is
-made once, at import; it is "c" only when both compiled modules were built.
+:mod:`blockprep.engine.twin`, the specification), ``index_records``, the index of a packed
+message's records (the twin: :func:`blockprep.packed.index_records`), and ``int_range`` and
+``decode_inputs``, a decode step's dynamic inputs (the twin: :mod:`blockprep.engine.dynamic`).
+The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
+anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
+step, ``diff_lists``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice
+is made once, at import; it is "c" only when both compiled modules were built.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import TYPE_CHECKING
 
 from blockprep import backend, log, packed
 from blockprep.backend import FORCED_PURE_PYTHON
-from blockprep.engine import twin
+from blockprep.engine import dynamic, twin
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
+    from blockprep.engine.dynamic import decode_inputs, int_range
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
 
@@ -25,10 +27,11 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
     index_records = packed.index_records
+    int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
     BACKEND = "python"
 else:
     try:
-        from blockprep.engine._kernel import GroupKernel, index_records
+        from blockprep.engine._kernel import GroupKernel, decode_inputs, index_records, int_range
 
         if backend.diff_lists is None:
             raise ImportError("blockprep._differ was not built")
@@ -36,6 +39,7 @@ else:
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
         index_records = packed.index_records
+        int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
         log.fallback(error)  # a WARNING record, once (not when forced)
@@ -50,7 +54,9 @@ __all__ = [
     "BACKEND",
     "FORCED_PURE_PYTHON",
     "GroupKernel",
+    "decode_inputs",
     "index_records",
+    "int_range",
     "kernel_backend",
     "twin",
 ]

@@ -65,6 +65,18 @@ static inline long long exact_value(PyObject *x)
     return overflow ? BIG : v;
 }
 
+/* Whether x, an exact int, is the compact int h (a cheap test, no call: 0 and large ints answer
+ * 0, and the caller's general walk then decides). */
+static inline int small_equals(PyObject *x, int32_t h)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyUnstable_Long_IsCompact((PyLongObject *)x) &&
+           PyUnstable_Long_CompactValue((PyLongObject *)x) == h;
+#else
+    return Py_SIZE(x) == 1 && (long long)((PyLongObject *)x)->ob_digit[0] == h;
+#endif
+}
+
 /* ---- packed records (blockprep/packed.py): kind, group, row, n, then the values ------------ */
 
 enum { R_WHOLE = 1, R_APPEND = 2, R_SET = 3, R_TRUNCATE = 4, R_HEADER = 4 };
@@ -96,5 +108,7 @@ void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
 PyObject *bk_stage(GroupKernel *self, PyObject *args);
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */
+PyObject *bk_int_range(PyObject *module, PyObject *args);     /* dynamic.c */
+PyObject *bk_decode_inputs(PyObject *module, PyObject *args);
 
 #endif

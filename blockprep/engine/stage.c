@@ -179,12 +179,39 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
         base = self->held + from * stride;
         m = self->lens[from];
     }
+    /* 0. The common row: its leading ids are the held ids as exact small ints. This loop runs
+     * no Python code (the list cannot change under it); the walk below takes over at the
+     * first other id. */
+    Py_ssize_t p = 0;
+    if (lst && base) {
+        PyObject *const *items = ((PyListObject *)lst)->ob_item;
+        const Py_ssize_t same = n < m ? n : m, ahead = same > 8 ? same - 8 : 0;
+        PyTypeObject *const int_type = &PyLong_Type;
+        for (; p < ahead; p++) { /* the ids are scattered objects: fetch ahead of the walk */
+#if defined(__GNUC__)
+            __builtin_prefetch(items[p + 8]);
+#endif
+            PyObject *x = items[p];
+            if (Py_TYPE(x) != int_type || !small_equals(x, base[p]))
+                break;
+        }
+        if (p == ahead)
+            for (; p < same; p++) {
+                PyObject *x = items[p];
+                if (Py_TYPE(x) != int_type || !small_equals(x, base[p]))
+                    break;
+            }
+        if (p == n && from == r && n == m)
+            return 0; /* it holds exactly what it held: nothing to check or write */
+    }
     if (scratch_row(s, n) < 0)
         return -1;
     long long *vals = s->vals;
+    for (Py_ssize_t q = 0; q < p; q++)
+        vals[q] = base[q];
     Py_ssize_t nchg = 0;
     /* 1. ids: unchanged ones are the held ids; changed ones plain ints (others converted). */
-    for (Py_ssize_t p = 0; p < n; p++) {
+    for (; p < n; p++) {
         PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
 #if defined(__GNUC__)
         if (lst && p + 8 < n) /* the ids are scattered objects: fetch ahead of the walk */
@@ -376,10 +403,45 @@ static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
     return status;
 }
 
+/* A new list of rows[i][key] for every row (each an exact dict); NULL with TypeError or KeyError
+ * (the twin's words) at the first row that is no dict or holds no key. */
+static PyObject *lists_at(PyObject *rows, PyObject *key)
+{
+    const Py_ssize_t n = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(n);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyList_GET_SIZE(rows) != n) { /* a key's __eq__ may change the caller's list */
+            PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
+            goto fail;
+        }
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyDict_CheckExact(row)) {
+            PyErr_Format(PyExc_TypeError, "row %zd must be a dict, got %s", i, bk_type_name(row));
+            goto fail;
+        }
+        Py_INCREF(row); /* the lookup may run a key's __eq__, which may drop the row */
+        PyObject *found = PyDict_GetItemWithError(row, key);
+        Py_XINCREF(found);
+        Py_DECREF(row);
+        if (!found) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_KeyError, "row %zd holds no %R", i, key);
+            goto fail;
+        }
+        PyList_SET_ITEM(out, i, found);
+    }
+    return out;
+fail:
+    Py_DECREF(out); /* the items not set are NULL, which a list's dealloc skips */
+    return NULL;
+}
+
 PyObject *bk_stage(GroupKernel *self, PyObject *args)
 {
-    PyObject *rows, *lists, *srcs, *convert;
-    if (!PyArg_ParseTuple(args, "OOOO:stage", &rows, &lists, &srcs, &convert))
+    PyObject *rows, *lists, *srcs, *convert, *key = Py_None;
+    if (!PyArg_ParseTuple(args, "OOOO|O:stage", &rows, &lists, &srcs, &convert, &key))
         return NULL;
     if (!PyList_CheckExact(lists) || !PyList_CheckExact(srcs) ||
         (rows != Py_None && !PyList_CheckExact(rows))) {
@@ -399,6 +461,14 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
     }
     if (bk_busy(self))
         return NULL;
+    if (key == Py_None) {
+        Py_INCREF(lists);
+    } else if (rows != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "key applies only to a step of every row (rows None)");
+        return NULL;
+    } else if (!(lists = lists_at(lists, key))) {
+        return NULL;
+    }
     self->busy = 1;
     Scratch s = {0};
     PyObject *fault_value = NULL, *result = NULL;
@@ -435,6 +505,7 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
 done:
     self->busy = 0;
     scratch_free(&s);
+    Py_DECREF(lists);
     return result;
 }
 

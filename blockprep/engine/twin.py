@@ -105,6 +105,26 @@ __all__ = [  # the fault codes and srcs values callers read from here
 ]
 
 
+def lists_at(rows: list[Any], key: object) -> list[Any]:
+    """``[row[key] for row in rows]``, every row an exact dict (``TypeError`` / ``KeyError``
+    naming the first that is not, or holds no ``key``)."""
+    n, lists = len(rows), []
+    for i in range(n):
+        if len(rows) != n:  # a key's __eq__ may change the caller's list
+            raise RuntimeError("the step changed while it was planned")
+        row = rows[i]
+        if type(row) is not dict:
+            raise TypeError(f"row {i} must be a dict, got {type(row).__name__}")
+        ids = row.get(key, _MISSING)
+        if ids is _MISSING:
+            raise KeyError(f"row {i} holds no {key!r}")
+        lists.append(ids)
+    return lists
+
+
+_MISSING = object()
+
+
 class GroupKernel:
     """One group's held ids and per-slot marks (see the module docstring).
 
@@ -158,9 +178,13 @@ class GroupKernel:
         lists: list[list[Any]],
         srcs: list[int],
         convert: Callable[[object], int | None],
+        key: object = None,
     ) -> tuple[list[Change] | None, Fault | None]:
         """Check and decide the visited rows (``rows``; ``None``: every row, and ``lists`` has
-        one list per table row); ``(plan, None)`` or ``(None, fault)``."""
+        one list per table row); ``(plan, None)`` or ``(None, fault)``. With ``key`` (``rows``
+        ``None`` only), ``lists`` holds one dict per table row and a row's list is its dict's
+        ``key`` item (a batch's rows of lists by group, read in place): every row is looked up
+        first, ``TypeError`` / ``KeyError`` at the first that is no dict or holds no ``key``."""
         if (
             type(lists) is not list
             or type(srcs) is not list
@@ -172,6 +196,11 @@ class GroupKernel:
         visits = self.rows if rows is None else len(rows)
         if len(lists) != visits:
             raise ValueError(f"lists must hold {visits} rows, got {len(lists)}")
+        if key is not None:
+            self._check_idle()
+            if rows is not None:
+                raise ValueError("key applies only to a step of every row (rows None)")
+            lists = lists_at(lists, key)
         with self._staging():
             order: Sequence[int] = range(visits)
             if rows is None and self._plain(lists, srcs):

@@ -1,11 +1,10 @@
 """A DeepSeek V4 buffer slot's dynamic inputs: every buffer besides the tables and
 ``block_counts`` (tokens, positions, KV lengths, per-rank owners, logit rows, host ``x_hc``).
 
-Contract: :class:`DynamicInputs` writes a step that the caller has checked whole (its
-:class:`~blockprep.adapters.deepseek.rows.Rows`, lengths, hidden states and assignment); its
-writes cannot raise. Padding rows replicate their rank's first request (request 0 on an empty
-rank); ``num_tokens_per_owner`` and the logit rows are rewritten only when the per-rank counts or
-the real rows per request change.
+Contract: :class:`DynamicInputs` writes a step that the caller has checked whole (its rows,
+lengths, hidden states and assignment); its writes cannot raise. Padding rows replicate their
+rank's first request (request 0 on an empty rank); ``num_tokens_per_owner`` and the logit rows
+are rewritten only when the per-rank counts or the real rows per request change.
 """
 
 from __future__ import annotations
@@ -18,8 +17,9 @@ import torch
 
 from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
-from blockprep.adapters.deepseek.rows import Rows
+from blockprep.adapters.deepseek.rows import DecodeColumns, StepRows
 from blockprep.buffers import host_tensor
+from blockprep.engine import decode_inputs
 
 
 class DynamicInputs:
@@ -52,7 +52,7 @@ class DynamicInputs:
     def write(
         self,
         assignment: Assignment,
-        rows: Rows,
+        rows: StepRows,
         seq: npt.NDArray[np.int64],
         dirty: set[int] | None,
         owners: bool = True,
@@ -61,20 +61,28 @@ class DynamicInputs:
         rows (padding rows: the rank's first request, or request 0); with ``owners``, also
         ``num_tokens_per_owner`` and the logit rows. ``dirty``: gets the ranks that changed."""
         source = assignment.source
-        tokens = rows.tokens[source]
-        positions = rows.positions[source]
-        kv = seq[source]
         R = self.ranks
-        if dirty is not None:
-            changed = (
-                (self.input_np != tokens).reshape(R, -1).any(axis=1)
-                | (self.positions_np != positions).reshape(R, -1).any(axis=1)
-                | (self.kv_np != kv).reshape(R, -1).any(axis=1)
+        if isinstance(rows, DecodeColumns) and dirty is None:
+            # One call (the caller checked seq in [1, max_seq_len], so it cannot raise).
+            decode_inputs(
+                source, rows.tokens, rows.seq, self.input_np, self.positions_np, self.kv_np
             )
-            dirty.update(np.flatnonzero(changed).tolist())
-        self.input_np[...] = tokens
-        self.positions_np[...] = positions
-        self.kv_np[...] = kv
+        else:
+            if isinstance(rows, DecodeColumns):
+                rows = rows.rows()
+            tokens = rows.tokens[source]
+            positions = rows.positions[source]
+            kv = seq[source]
+            if dirty is not None:
+                changed = (
+                    (self.input_np != tokens).reshape(R, -1).any(axis=1)
+                    | (self.positions_np != positions).reshape(R, -1).any(axis=1)
+                    | (self.kv_np != kv).reshape(R, -1).any(axis=1)
+                )
+                dirty.update(np.flatnonzero(changed).tolist())
+            self.input_np[...] = tokens
+            self.positions_np[...] = positions
+            self.kv_np[...] = kv
         key = (assignment.counts, rows.active_seq)
         if owners and self.owner_key != key:  # num_tokens_per_owner and logit rows: the counts
             active_seq = rows.active_seq

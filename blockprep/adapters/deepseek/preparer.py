@@ -48,7 +48,7 @@ from blockprep.adapters.deepseek.rows import (
     MTP_PREVIOUS_MESSAGE,
     Hidden,
     Mode,
-    Rows,
+    StepRows,
     check_position,
     checked_seq_lens,
     decode_rows,
@@ -399,6 +399,7 @@ class DeepSeekV4DecodePreparer:
                 )
             A = len(assignment.ranks)
             seq = checked_seq_lens(batch, A)
+            rows: StepRows
             if early:
                 rows, hidden = placeholder(self.layout, A, 1), None
             else:
@@ -539,6 +540,7 @@ class DeepSeekV4DecodePreparer:
             A = len(assignment.ranks)
             seq = checked_seq_lens(batch, A)
             hidden: Hidden | None = None
+            rows: StepRows
             if prepared.mode == "target":
                 if token_rows is None or positions is None:
                     raise BlockprepValueError(
@@ -621,7 +623,7 @@ class DeepSeekV4DecodePreparer:
         assignment: Assignment,
         buffer_slot: int,
         seq: npt.NDArray[np.int64],
-        rows: Rows,
+        rows: StepRows,
         hidden: Hidden | None,
         mode: Mode,
         *,
@@ -663,7 +665,7 @@ class DeepSeekV4DecodePreparer:
         host = self.embedding == "host"
         return host_hidden(batch, A, mtp=mtp, host=host, hidden_size=self.hidden_size)
 
-    def _checked_slot(self, batch: DecodeBatch, rows: Rows, buffer_slot: int) -> int:
+    def _checked_slot(self, batch: DecodeBatch, rows: StepRows, buffer_slot: int) -> int:
         """Upstream's order: grouped-id shape, the position limit, then the buffer slot."""
         A = len(batch.request_ids)
         grouped = batch.block_ids_by_group

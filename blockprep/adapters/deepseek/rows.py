@@ -21,6 +21,7 @@ from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.checks import normalization_error, raise_first
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
+from blockprep.engine import int_range
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int, has_integer_dtype
 
@@ -43,6 +44,30 @@ class Rows:
     tokens: npt.NDArray[np.int64]
     positions: npt.NDArray[np.int64]
     active_seq: int
+
+
+@dataclass(frozen=True)
+class DecodeColumns:
+    """The standard step's rows as columns: request ``q``'s token ``tokens[q]`` in each of its
+    ``decode_seq`` token columns at position ``seq[q] - 1``, its KV length ``seq[q]``; what
+    :func:`blockprep.engine.decode_inputs` writes in one call. ``last_position``: the largest
+    position (``max(seq) - 1``)."""
+
+    tokens: npt.NDArray[np.int64]
+    seq: npt.NDArray[np.int64]
+    decode_seq: int
+    last_position: int
+    active_seq: int = 1
+
+    def rows(self) -> Rows:
+        """The same rows as ``[A, S]`` arrays."""
+        S = self.decode_seq
+        tokens = np.repeat(self.tokens[:, None], S, axis=1)
+        return Rows(tokens, np.repeat((self.seq - 1)[:, None], S, axis=1), self.active_seq)
+
+
+StepRows = Rows | DecodeColumns
+"""A step's rows, in either form."""
 
 
 def checked_seq_lens(batch: DecodeBatch, A: int) -> npt.NDArray[np.int64]:
@@ -88,13 +113,14 @@ def placeholder(layout: DeepSeekV4Layout, A: int, active_seq: int) -> Rows:
 
 def decode_rows(
     layout: DeepSeekV4Layout, batch: DecodeBatch, seq: npt.NDArray[np.int64], A: int
-) -> Rows:
-    """The standard step: ``token_ids[i]`` at ``seq_len - 1``, over ``decode_seq``."""
-    if int(seq.min()) < 1:
+) -> DecodeColumns:
+    """The standard step: ``token_ids[i]`` at ``seq_len - 1``, over ``decode_seq`` (``seq``:
+    :func:`checked_seq_lens`' ``A`` lengths)."""
+    shortest, longest = int_range(seq, A)
+    if shortest < 1:
         raise BlockprepValueError("decode seq_lens must be positive")
     tokens = token_column(batch.token_ids, A, "token_ids")
-    S = layout.decode_seq
-    return Rows(np.repeat(tokens[:, None], S, axis=1), np.repeat((seq - 1)[:, None], S, axis=1), 1)
+    return DecodeColumns(tokens, seq, layout.decode_seq, longest - 1)
 
 
 def mtp_rows(
@@ -211,8 +237,11 @@ def host_hidden(
     )
 
 
-def check_position(layout: DeepSeekV4Layout, batch: DecodeBatch, rows: Rows) -> None:
-    position = int(rows.positions.max()) if rows.positions.size else 0
+def check_position(layout: DeepSeekV4Layout, batch: DecodeBatch, rows: StepRows) -> None:
+    if isinstance(rows, DecodeColumns):
+        position = rows.last_position
+    else:
+        position = int(rows.positions.max()) if rows.positions.size else 0
     if position >= layout.max_seq_len:
         raise_first(normalization_error(batch))
         raise BlockprepValueError(

@@ -13,7 +13,6 @@ id rule) when upstream had none.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +40,6 @@ class Scratch:
 
 NO_SCRATCH = Scratch([], ())
 """The scratch of an unbound layout (nothing is planned on it)."""
-
-_GROUP_IDS = operator.itemgetter(*GROUP_NAMES)
 
 
 def bind_tables(
@@ -80,8 +77,9 @@ def plan_tables(
         lists: Sequence[Any] = batch.block_ids_by_group
         if not assignment.in_order:  # table order: requests by assignment, padding rows' scratch
             lists = list(map((*lists, *scratch.rows).__getitem__, perm))
-        columns = list(map(list, zip(*map(_GROUP_IDS, lists), strict=True)))
-        return tables.plan(columns, assignment.occupants, lambda r: f"decode row {perm[r]}")
+        elif type(lists) is not list:
+            lists = list(lists)
+        return tables.plan_mappings(lists, assignment.occupants, lambda r: f"decode row {perm[r]}")
     except (KeyError, TypeError, BlockIdValueError) as error:
         # the id rule, or a row that is no mapping, a group missing: upstream's error first
         raise_first(upstream_error(layout, batch, assignment))

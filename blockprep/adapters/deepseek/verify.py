@@ -23,7 +23,7 @@ import torch
 
 from blockprep.adapters.deepseek.inputs import DeepSeekV4DecodeInputs
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
-from blockprep.adapters.deepseek.rows import Hidden, Mode, Rows
+from blockprep.adapters.deepseek.rows import DecodeColumns, Hidden, Mode, StepRows
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepValueError
 from blockprep.packed import is_packed, unpack
@@ -87,13 +87,16 @@ def verify_slot(
     batch: DecodeBatch,
     groups: list[dict[str, list[int]]],
     seq: npt.NDArray[np.int64],
-    rows: Rows,
+    rows: StepRows,
     hidden: Hidden | None,
     mode: Mode,
     early: bool,
 ) -> None:
     """Every buffer of the slot against upstream's full rebuild of the same step."""
     from blockprep.reference import deepseek_v4_decode_rebuild, deepseek_v4_x_hc
+
+    if isinstance(rows, DecodeColumns):
+        rows = rows.rows()
 
     A = len(groups)
     explicit = early or mode == "target"  # the call's rows, not the batch's tokens

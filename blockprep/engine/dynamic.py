@@ -1,0 +1,126 @@
+"""A decode step's dynamic inputs in one call each, in pure Python and NumPy: the specification of
+``dynamic.c`` (the compiled ``_kernel``'s ``int_range`` and ``decode_inputs``), and the fallback.
+
+- :func:`int_range`: the smallest and largest of a 1-D int64 array's first ``n`` values (a step's
+  shortest sequence and its last position, read once).
+- :func:`decode_inputs`: the standard decode step's rows (seed-semantics 6.5): table row ``t``
+  gets request ``q = source[t]``'s token in every one of its ``S`` token columns, its position
+  ``seq[q] - 1`` in every position column, and its KV length ``seq[q]``.
+
+Arguments are buffer-protocol objects (NumPy arrays, ``memoryview``), read as they are (any
+stride for the 1-D inputs); the outputs must be C-contiguous and writable. Both implementations
+check every argument and every value they read before their first write (a refused call writes
+nothing) and raise the same exception types with the same messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+INT32_MAX = 2**31 - 1
+_INT64 = {"q", "l", "n"}  # 'l': a C long, 8 bytes where int64 arrays say it
+_INT32 = {"i"}
+
+
+def _view(obj: object, name: str, itemsize: int, writable: bool) -> memoryview:
+    """``obj``'s buffer: an integer format of ``itemsize`` bytes, 1-D to read or C-contiguous and
+    writable to write; ``TypeError`` / ``ValueError`` (the compiled kernel's words) otherwise."""
+    kind = "int64" if itemsize == 8 else "int32"
+    try:
+        view = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an {kind} array") from None
+    code = view.format.lstrip("=<@")
+    if view.itemsize != itemsize or code not in (_INT64 if itemsize == 8 else _INT32):
+        raise TypeError(f"{name} must be an {kind} array")
+    if writable:
+        if view.readonly or not view.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous and writable")
+    elif view.ndim != 1:
+        raise TypeError(f"{name} must be a 1-D {kind} array")
+    return view
+
+
+def _array(view: memoryview) -> npt.NDArray[Any]:
+    return np.asarray(view)
+
+
+def int_range(values: object, n: int) -> tuple[int, int]:
+    """``(min, max)`` of the first ``n`` (at least 1) values of a 1-D int64 array.
+
+    Raises:
+        TypeError: ``values`` is no 1-D int64 array, ``n`` no int.
+        ValueError: ``n < 1``, or fewer than ``n`` values.
+    """
+    if type(n) is not int:
+        raise TypeError(f"n must be an int, got {type(n).__name__}")
+    array = _array(_view(values, "values", 8, False))
+    if n < 1 or n > array.shape[0]:
+        raise ValueError(f"n must be in [1, {array.shape[0]}], got {n}")
+    head = array[:n]
+    return int(head.min()), int(head.max())
+
+
+def decode_inputs(
+    source: object,
+    tokens: object,
+    seq: object,
+    input_ids: object,
+    position_ids: object,
+    kv_seq_lens: object,
+) -> None:
+    """Write the standard decode step's rows: per table row ``t`` (``T = len(source)`` rows) and
+    its request ``q = source[t]``, ``input_ids[t, :] = tokens[q]``, ``position_ids[t, :] =
+    seq[q] - 1``, ``kv_seq_lens[t] = seq[q]``.
+
+    Args:
+        source: ``[T]`` int64: each table row's request, in ``[0, A)``.
+        tokens: ``[A]`` int64: each request's token (``A = len(tokens)``).
+        seq: ``[>= A]`` int64: each request's sequence length, in ``[1, 2**31)`` (the first
+            ``A`` are read).
+        input_ids: ``T * S`` int64 cells (``S >= 1``), row-major ``[T, S]``.
+        position_ids: ``T * S`` int32 cells, row-major ``[T, S]``.
+        kv_seq_lens: ``T`` int32 cells.
+
+    Raises:
+        TypeError: an argument of another kind (the argument named).
+        ValueError: shapes that do not fit, a request in ``source`` outside ``[0, A)`` or a
+            sequence length outside ``[1, 2**31)`` (the first one named); nothing is written.
+    """
+    src = _array(_view(source, "source", 8, False))
+    tok = _array(_view(tokens, "tokens", 8, False))
+    lens = _array(_view(seq, "seq", 8, False))
+    out_ids = _view(input_ids, "input_ids", 8, True)
+    out_pos = _view(position_ids, "position_ids", 4, True)
+    out_kv = _view(kv_seq_lens, "kv_seq_lens", 4, True)
+    T, A = src.shape[0], tok.shape[0]
+    if lens.shape[0] < A:
+        raise ValueError(f"seq holds {lens.shape[0]} lengths, fewer than the {A} tokens")
+    cells = out_ids.nbytes // 8
+    if T == 0 or cells % T or cells // T == 0:
+        raise ValueError(f"input_ids must hold a positive multiple of {T} cells, got {cells}")
+    if out_pos.nbytes // 4 != cells or out_kv.nbytes // 4 != T:
+        raise ValueError(
+            f"position_ids must hold {cells} cells and kv_seq_lens {T}, got "
+            f"{out_pos.nbytes // 4} and {out_kv.nbytes // 4}"
+        )
+    bad = np.flatnonzero((src < 0) | (src >= A))
+    if bad.size:
+        t = int(bad[0])
+        raise ValueError(f"source[{t}] = {int(src[t])} is not a request in [0, {A})")
+    head = lens[:A]
+    bad = np.flatnonzero((head < 1) | (head > INT32_MAX))
+    if bad.size:
+        q = int(bad[0])
+        raise ValueError(f"seq[{q}] = {int(head[q])} is not a length in [1, 2**31)")
+    S = cells // T
+    ids = np.asarray(out_ids).reshape(T, S)
+    positions = np.asarray(out_pos).reshape(T, S)
+    kv = np.asarray(out_kv).reshape(T)
+    rows = head[src]
+    ids[...] = tok[src][:, None]
+    positions[...] = (rows - 1)[:, None]
+    kv[...] = rows
