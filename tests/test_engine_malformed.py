@@ -1314,6 +1314,45 @@ print("OUTCOME", repr(scenario(module.GroupKernel)), flush=True)
 # name: (code defining scenario(GroupKernel), the outcomes allowed (None: the twin's), whether it
 # runs on the twin too)
 SCENARIOS: dict[str, tuple[str, list[Any] | None, bool]] = {
+    "dict_rows_shrink": (  # stage by key: a key's __eq__ empties the rows being looked up
+        """
+        def scenario(GroupKernel):
+            k = seeded(GroupKernel)
+            class Twin:
+                def __hash__(self):
+                    return hash("g")
+                def __eq__(self, other):
+                    if armed:
+                        rows.clear()
+                    return False
+            armed = []
+            rows = [{Twin(): [9], "g": [1, 2]}, {"g": [3]}, {"g": [4]}, {"g": [5]}]
+            armed.append(True)
+            return outcome(lambda: k.stage(None, rows, [0, 1, 2, 3], lambda x: None, "g"))
+        """,
+        [("raise", "RuntimeError")],
+        True,
+    ),
+    "dict_row_dropped": (  # stage by key: a key's __eq__ drops the dict being looked up in
+        """
+        def scenario(GroupKernel):
+            k = seeded(GroupKernel)
+            class Twin:
+                def __hash__(self):
+                    return hash("g")
+                def __eq__(self, other):
+                    if armed:
+                        rows[0] = None
+                    return False
+            armed = []
+            rows = [{Twin(): [9], "g": [1, 2]}, {"g": [3]}, {"g": [4]}, {"g": [5]}]
+            armed.append(True)
+            first = outcome(lambda: k.stage(None, rows, [0, 1, 2, 3], lambda x: None, "g"))
+            return first, k.held(0)
+        """,
+        None,
+        True,
+    ),
     "rows_shrink": (
         """
         def scenario(GroupKernel):

@@ -2,7 +2,8 @@
 
 Both provide ``GroupKernel`` with the same signatures and results (see
 :mod:`blockprep.engine.twin`, the specification), ``index_records``, the index of a packed
-message's records (the twin: :func:`blockprep.packed.index_records`), and ``int_range`` and
+message's records (the twin: :func:`blockprep.packed.index_records`), ``index_ops``, a grouped
+wire message's rows by group (the twin: :func:`blockprep.wire.index_ops`), and ``int_range`` and
 ``decode_inputs``, a decode step's dynamic inputs (the twin: :mod:`blockprep.engine.dynamic`).
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from blockprep import backend, log, packed
+from blockprep import backend, log, packed, wire
 from blockprep.backend import FORCED_PURE_PYTHON
 from blockprep.engine import dynamic, twin
 
@@ -22,23 +23,30 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.dynamic import decode_inputs, int_range
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
+    from blockprep.wire import index_ops
 
     BACKEND = "python"
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
-    index_records = packed.index_records
+    index_records, index_ops = packed.index_records, wire.index_ops
     int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
     BACKEND = "python"
 else:
     try:
-        from blockprep.engine._kernel import GroupKernel, decode_inputs, index_records, int_range
+        from blockprep.engine._kernel import (
+            GroupKernel,
+            decode_inputs,
+            index_ops,
+            index_records,
+            int_range,
+        )
 
         if backend.diff_lists is None:
             raise ImportError("blockprep._differ was not built")
         BACKEND = "c"
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
-        index_records = packed.index_records
+        index_records, index_ops = packed.index_records, wire.index_ops
         int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
@@ -55,6 +63,7 @@ __all__ = [
     "FORCED_PURE_PYTHON",
     "GroupKernel",
     "decode_inputs",
+    "index_ops",
     "index_records",
     "int_range",
     "kernel_backend",

@@ -77,6 +77,24 @@ static inline int small_equals(PyObject *x, int32_t h)
 #endif
 }
 
+/* Whether x, an exact int, is compact (one digit or none: |x| < 2**30 before 3.12); its value
+ * in *v if so. A cheap test, no call. */
+static inline int small_value(PyObject *x, long long *v)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)x))
+        return 0;
+    *v = (long long)PyUnstable_Long_CompactValue((PyLongObject *)x);
+    return 1;
+#else
+    Py_ssize_t size = Py_SIZE(x);
+    if (size < -1 || size > 1)
+        return 0;
+    *v = size ? size * (long long)((PyLongObject *)x)->ob_digit[0] : 0; /* 0 may hold no digit */
+    return 1;
+#endif
+}
+
 /* ---- packed records (blockprep/packed.py): kind, group, row, n, then the values ------------ */
 
 enum { R_WHOLE = 1, R_APPEND = 2, R_SET = 3, R_TRUNCATE = 4, R_HEADER = 4 };
@@ -108,6 +126,7 @@ void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
 PyObject *bk_stage(GroupKernel *self, PyObject *args);
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */
+PyObject *bk_index_ops(PyObject *module, PyObject *args);
 PyObject *bk_int_range(PyObject *module, PyObject *args);     /* dynamic.c */
 PyObject *bk_decode_inputs(PyObject *module, PyObject *args);
 

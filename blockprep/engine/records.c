@@ -125,3 +125,71 @@ PyObject *bk_index_records(PyObject *module, PyObject *args)
     PyMem_Free(entries);
     return out;
 }
+
+/* index_ops(rows, row_of, groups): a grouped blockprep.wire message's rows ({request: {group
+ * name: ops}}) as one dict per group ({table row: ops}; groups maps a name to its index), or None
+ * when a request's row (row_of[request]) is no int, a request's value is no dict, a group name no
+ * str or unknown, or the message changed size while it was read (the caller's own walk then
+ * words the error). The twin is blockprep.wire.index_ops. Lookups may run a key's __eq__, so
+ * everything read is held while it is used. */
+PyObject *bk_index_ops(PyObject *module, PyObject *args)
+{
+    PyObject *rows, *row_of, *groups;
+    if (!PyArg_ParseTuple(args, "OOO:index_ops", &rows, &row_of, &groups))
+        return NULL;
+    if (!PyDict_CheckExact(row_of) || !PyDict_CheckExact(groups)) {
+        PyErr_SetString(PyExc_TypeError, "row_of and groups must be dicts");
+        return NULL;
+    }
+    const Py_ssize_t ngroups = PyDict_GET_SIZE(groups);
+    if (!PyDict_CheckExact(rows))
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New(ngroups);
+    if (!out)
+        return NULL;
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        PyObject *d = PyDict_New();
+        if (!d) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, g, d);
+    }
+    const Py_ssize_t size = PyDict_GET_SIZE(rows);
+    Py_ssize_t pos = 0;
+    PyObject *request, *by_group;
+    int fine = 1;
+    while (fine && PyDict_Next(rows, &pos, &request, &by_group)) {
+        Py_INCREF(request);
+        Py_INCREF(by_group);
+        PyObject *row = PyDict_GetItemWithError(row_of, request);
+        Py_XINCREF(row);
+        fine = row && PyLong_CheckExact(row) && PyDict_CheckExact(by_group) &&
+               PyDict_GET_SIZE(rows) == size;
+        Py_ssize_t at = 0;
+        PyObject *name, *ops;
+        while (fine && PyDict_Next(by_group, &at, &name, &ops)) {
+            Py_INCREF(name);
+            Py_INCREF(ops);
+            PyObject *index = PyUnicode_CheckExact(name) ? PyDict_GetItemWithError(groups, name)
+                                                         : NULL;
+            long long g = index && PyLong_CheckExact(index) ? exact_value(index) : -1;
+            fine = 0 <= g && g < ngroups && PyDict_GET_SIZE(groups) == ngroups &&
+                   PyDict_SetItem(PyList_GET_ITEM(out, g), row, ops) == 0;
+            Py_DECREF(ops);
+            Py_DECREF(name);
+        }
+        Py_XDECREF(row);
+        Py_DECREF(by_group);
+        Py_DECREF(request);
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    if (!fine) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+}

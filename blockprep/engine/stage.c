@@ -160,6 +160,61 @@ static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p)
     return PyLong_FromLongLong(s->vals[p]);
 }
 
+/* Position p differs from what the row held: the mark's positions (the first MAX_POSITIONS),
+ * its range [lo, hi), the count. Positions come in increasing order. */
+static inline void note_differ(int32_t p, Py_ssize_t *differ, int32_t *pos, int32_t *lo,
+                               int32_t *hi)
+{
+    if (*differ < MAX_POSITIONS)
+        pos[*differ] = p;
+    if (*lo < 0)
+        *lo = p;
+    *hi = p + 1;
+    (*differ)++;
+}
+
+/* A row's ids with nothing held to compare with, read in one pass into vals: each an exact
+ * compact int in range (a request's row: [0, limit); a padding row: int32) and, for a request's
+ * row of a distinct kernel, not repeated (generation stamps). 1 when every id passed (the row
+ * is then checked: rules 1-4 hold), 0 at the first that did not, or when there is no stamp
+ * table (the general walk then decides, and words any fault). Runs no Python code. */
+static int new_row_ids(GroupKernel *self, PyObject *lst, Py_ssize_t n, int padding,
+                       long long *vals)
+{
+    const int stamp = !padding && self->distinct;
+    if (stamp && !self->stamps)
+        return 0;
+    const long long lo = padding ? INT32_MIN : 0, hi = padding ? INT32_MAX : self->limit - 1;
+    uint32_t generation = 0;
+    if (stamp) {
+        if (++self->generation == 0) {
+            memset(self->stamps, 0, sizeof(uint32_t) * (size_t)self->limit);
+            self->generation = 1;
+        }
+        generation = self->generation;
+    }
+    PyObject *const *items = ((PyListObject *)lst)->ob_item;
+    PyTypeObject *const int_type = &PyLong_Type;
+    for (Py_ssize_t p = 0; p < n; p++) {
+#if defined(__GNUC__)
+        if (p + 8 < n)
+            __builtin_prefetch(items[p + 8]);
+#endif
+        PyObject *x = items[p];
+        long long v;
+        if (Py_TYPE(x) != int_type || !small_value(x, &v) || v < lo || v > hi)
+            return 0;
+        if (stamp) { /* v is in [0, limit): inside the table */
+            uint32_t *at = self->stamps + v;
+            if (*at == generation)
+                return 0;
+            *at = generation;
+        }
+        vals[p] = v;
+    }
+    return 1;
+}
+
 /* Decide one visited row: append its record to s->out (or nothing: unchanged). Its n ids are
  * the items of lst (the caller's list) or, with lst NULL, the cells s->objs (NULL cells: a held
  * id, already in s->vals). Returns 0, 1 with *fault_out set, or -1 with an exception. */
@@ -210,6 +265,11 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
     for (Py_ssize_t q = 0; q < p; q++)
         vals[q] = base[q];
     Py_ssize_t nchg = 0;
+    /* 0b. A row with nothing held to compare with (a request new to the table): one pass, then
+     * straight to its mark; at the first doubt the general walk starts the row over. */
+    if (lst && !base && n <= W && (padding ? !(self->ring && n == 0) : n >= self->shortest) &&
+        new_row_ids(self, lst, n, padding, vals))
+        goto marked;
     /* 1. ids: unchanged ones are the held ids; changed ones plain ints (others converted). */
     for (; p < n; p++) {
         PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
@@ -287,6 +347,15 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
         }
         vals[p] = v;
         s->chg[nchg++] = p;
+        if (lst && base) { /* back to the common case: the next ids are the held ones */
+            PyObject *const *items = ((PyListObject *)lst)->ob_item; /* size n: checked above */
+            const Py_ssize_t same = n < m ? n : m;
+            Py_ssize_t q = p + 1;
+            for (; q < same && Py_TYPE(items[q]) == &PyLong_Type && small_equals(items[q], base[q]);
+                 q++)
+                vals[q] = base[q];
+            p = q - 1;
+        }
     }
     if (from == r && base && nchg == 0 && n == m)
         return 0; /* it holds exactly what it held: nothing to check or write (as the twin) */
@@ -326,6 +395,7 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
             return *fault_out ? 1 : -1;
         }
     }
+marked:
     /* The mark: what a slot holding a render of row r's held ids must write. */
     int32_t om = self->lens[r];
     const int32_t *old = self->held + r * stride;
@@ -334,15 +404,14 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
         mode = WHOLE;
     } else {
         Py_ssize_t shorter = n < om ? n : om, longer = n < om ? om : n, differ = 0;
-        for (Py_ssize_t p = 0; p < longer; p++) {
-            if (p < shorter && vals[p] == old[p])
-                continue;
-            if (differ < MAX_POSITIONS)
-                pos[differ] = (int32_t)p;
-            if (lo < 0)
-                lo = (int32_t)p;
-            hi = (int32_t)p + 1;
-            differ++;
+        if (base == old && om == n) { /* it stayed: only the changed positions can differ */
+            for (Py_ssize_t i = 0; i < nchg; i++)
+                if (vals[s->chg[i]] != old[s->chg[i]])
+                    note_differ((int32_t)s->chg[i], &differ, pos, &lo, &hi);
+        } else {
+            for (Py_ssize_t p = 0; p < longer; p++)
+                if (p >= shorter || vals[p] != old[p])
+                    note_differ((int32_t)p, &differ, pos, &lo, &hi);
         }
         if (!differ)
             return 0; /* it holds exactly what it held */

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from itertools import compress, count
 from typing import Any
 
@@ -108,7 +108,13 @@ __all__ = [  # the fault codes and srcs values callers read from here
 def lists_at(rows: list[Any], key: object) -> list[Any]:
     """``[row[key] for row in rows]``, every row an exact dict (``TypeError`` / ``KeyError``
     naming the first that is not, or holds no ``key``)."""
-    n, lists = len(rows), []
+    n = len(rows)
+    if set(map(type, rows)) <= {dict}:  # the common case at C speed; any doubt: the loop
+        with suppress(KeyError):
+            lists = list(map(operator.itemgetter(key), rows))
+            if len(lists) == n == len(rows):  # else a key's __eq__ changed rows: the loop says
+                return lists
+    lists = []
     for i in range(n):
         if len(rows) != n:  # a key's __eq__ may change the caller's list
             raise RuntimeError("the step changed while it was planned")

@@ -22,7 +22,7 @@ from blockprep.adapters.deepseek.checks import raise_first, upstream_error
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
 from blockprep.adapters.deepseek.lifecycle import Slot
 from blockprep.batch import DecodeBatch
-from blockprep.engine import index_records
+from blockprep.engine import index_ops, index_records
 from blockprep.errors import BlockprepValueError
 from blockprep.grouped import BlockIdValueError, GroupedStep, GroupedTables, TableGroup
 from blockprep.packed import header, is_packed, records
@@ -107,7 +107,7 @@ def plan_deltas(
             records(message, len(batch.request_ids), len(GROUP_NAMES))
             raise AssertionError("index_records refused records that packed.records takes")
         cursor.check_sequence(seq, base, count > 0)
-        by_name: dict[str, dict[int, Any]] = dict(zip(GROUP_NAMES, index, strict=True))
+        changes: list[dict[int, Any]] = index
         rows: Mapping[Any, Any] = {}
     else:
         seq, rows = cursor.check(message)
@@ -115,30 +115,9 @@ def plan_deltas(
         raise BlockprepValueError(
             "a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both"
         )
-    if data is None:
-        by_name = {name: {} for name in GROUP_NAMES}
-    if rows:
-        row_of = assignment.row_of
-        for request, groups in rows.items():
-            row = row_of.get(request)
-            if row is None:
-                raise DeltaMessageError(
-                    f"block delta ops for request {request!r}, which is not in the batch"
-                )
-            if type(groups) is not dict and not isinstance(groups, Mapping):
-                raise DeltaMessageError(
-                    f"request {request!r}: block delta ops must be a dict by group, got "
-                    f"{type(groups).__name__}"
-                )
-            for name, ops in groups.items():
-                group = by_name.get(name)
-                if group is None:
-                    raise DeltaMessageError(
-                        f"request {request!r}: unknown group {name!r}; the groups are "
-                        f"{list(GROUP_NAMES)}"
-                    )
-                group[row] = ops
-    changes = list(by_name.values())
+    if data is None:  # the message's rows by group, in C where built
+        index = index_ops(rows, assignment.row_of, _GROUP_INDEX) if rows else None
+        changes = list(_walk(rows, assignment).values()) if index is None else index
     perm = assignment.perm
     A = len(assignment.ranks)
 
@@ -154,3 +133,33 @@ def plan_deltas(
         data=data,
     )
     return step, seq
+
+
+_GROUP_INDEX = {name: g for g, name in enumerate(GROUP_NAMES)}
+
+
+def _walk(rows: Mapping[Any, Any], assignment: Assignment) -> dict[str, dict[int, Any]]:
+    """A wire message's rows by group name (``{table row: ops}``), each fault its own
+    :class:`DeltaMessageError` (the request or group named)."""
+    by_name: dict[str, dict[int, Any]] = {name: {} for name in GROUP_NAMES}
+    row_of = assignment.row_of
+    for request, groups in rows.items():
+        row = row_of.get(request)
+        if row is None:
+            raise DeltaMessageError(
+                f"block delta ops for request {request!r}, which is not in the batch"
+            )
+        if type(groups) is not dict and not isinstance(groups, Mapping):
+            raise DeltaMessageError(
+                f"request {request!r}: block delta ops must be a dict by group, got "
+                f"{type(groups).__name__}"
+            )
+        for name, ops in groups.items():
+            group = by_name.get(name)
+            if group is None:
+                raise DeltaMessageError(
+                    f"request {request!r}: unknown group {name!r}; the groups are "
+                    f"{list(GROUP_NAMES)}"
+                )
+            group[row] = ops
+    return by_name
