@@ -341,33 +341,6 @@ def is_resync_request(obj: object) -> bool:
     )
 
 
-def index_ops(
-    rows: object, row_of: dict[Any, Any], groups: dict[Any, Any]
-) -> list[dict[int, Any]] | None:
-    """A grouped message's rows (``{request: {group name: ops}}``) as one dict per group
-    (``{table row: ops}``; ``groups`` maps a name to its index, ``row_of`` a request to its table
-    row), or ``None`` when a request's row is no ``int``, a request's value is no ``dict``, a
-    group name no ``str`` or not in ``groups``, or the message changed size while it was read:
-    the caller's own walk then words the error. The twin of the compiled ``index_ops``
-    (``blockprep.engine``): same results."""
-    if type(row_of) is not dict or type(groups) is not dict:
-        raise TypeError("row_of and groups must be dicts")
-    if type(rows) is not dict:
-        return None
-    out: list[dict[int, Any]] = [{} for _ in range(len(groups))]
-    size = len(rows)
-    for request, by_group in list(rows.items()):
-        row = row_of.get(request)
-        if type(row) is not int or type(by_group) is not dict or len(rows) != size:
-            return None
-        for name, ops in list(by_group.items()):
-            g = groups.get(name) if type(name) is str else None
-            if type(g) is not int or not 0 <= g < len(out) or len(groups) != len(out):
-                return None
-            out[g][row] = ops
-    return out
-
-
 def apply_ops(ops: object, held: list[Any] | None) -> list[Any]:
     """The id list ``ops`` make of ``held`` (``None``: the request is new), as a new list; the
     ids themselves are not checked (the table does that).

@@ -3,7 +3,8 @@
 Both provide ``GroupKernel`` with the same signatures and results (see
 :mod:`blockprep.engine.twin`, the specification), ``index_records``, the index of a packed
 message's records (the twin: :func:`blockprep.packed.index_records`), ``index_ops``, a grouped
-wire message's rows by group (the twin: :func:`blockprep.wire.index_ops`), and ``int_range`` and
+wire message's rows by group (``None`` with the twin: the DeepSeek preparer's own walk of the
+message, which it speeds up, is its specification), and ``int_range`` and
 ``decode_inputs``, a decode step's dynamic inputs (the twin: :mod:`blockprep.engine.dynamic`).
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
@@ -13,9 +14,10 @@ is made once, at import; it is "c" only when both compiled modules were built.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from blockprep import backend, log, packed, wire
+from blockprep import backend, log, packed
 from blockprep.backend import FORCED_PURE_PYTHON
 from blockprep.engine import dynamic, twin
 
@@ -23,12 +25,13 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.dynamic import decode_inputs, int_range
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
-    from blockprep.wire import index_ops
+
+    index_ops: Callable[[Any, dict[Any, Any], dict[Any, Any]], list[dict[int, Any]] | None] | None
 
     BACKEND = "python"
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
-    index_records, index_ops = packed.index_records, wire.index_ops
+    index_records, index_ops = packed.index_records, None
     int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
     BACKEND = "python"
 else:
@@ -46,7 +49,7 @@ else:
         BACKEND = "c"
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
-        index_records, index_ops = packed.index_records, wire.index_ops
+        index_records, index_ops = packed.index_records, None
         int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"

@@ -44,8 +44,31 @@ def _view(obj: object, name: str, itemsize: int, writable: bool) -> memoryview:
     return view
 
 
-def _array(view: memoryview) -> npt.NDArray[Any]:
-    return np.asarray(view)
+def _array(obj: object, name: str, itemsize: int) -> npt.NDArray[Any]:
+    """A 1-D integer array to read (:func:`_view`'s rules), the common NumPy one as it is."""
+    if (
+        type(obj) is np.ndarray
+        and obj.ndim == 1
+        and obj.dtype.kind == "i"
+        and obj.dtype.itemsize == itemsize
+        and obj.dtype.isnative
+    ):
+        return obj
+    return np.asarray(_view(obj, name, itemsize, False))
+
+
+def _output(obj: object, name: str, itemsize: int) -> npt.NDArray[Any]:
+    """A C-contiguous, writable integer array to write (:func:`_view`'s rules), flat."""
+    if (
+        type(obj) is np.ndarray
+        and obj.dtype.kind == "i"
+        and obj.dtype.itemsize == itemsize
+        and obj.dtype.isnative
+        and obj.flags.c_contiguous
+        and obj.flags.writeable
+    ):
+        return obj.reshape(-1)
+    return np.asarray(_view(obj, name, itemsize, True)).reshape(-1)
 
 
 def int_range(values: object, n: int) -> tuple[int, int]:
@@ -57,7 +80,7 @@ def int_range(values: object, n: int) -> tuple[int, int]:
     """
     if type(n) is not int:
         raise TypeError(f"n must be an int, got {type(n).__name__}")
-    array = _array(_view(values, "values", 8, False))
+    array = _array(values, "values", 8)
     if n < 1 or n > array.shape[0]:
         raise ValueError(f"n must be in [1, {array.shape[0]}], got {n}")
     head = array[:n]
@@ -90,37 +113,32 @@ def decode_inputs(
         ValueError: shapes that do not fit, a request in ``source`` outside ``[0, A)`` or a
             sequence length outside ``[1, 2**31)`` (the first one named); nothing is written.
     """
-    src = _array(_view(source, "source", 8, False))
-    tok = _array(_view(tokens, "tokens", 8, False))
-    lens = _array(_view(seq, "seq", 8, False))
-    out_ids = _view(input_ids, "input_ids", 8, True)
-    out_pos = _view(position_ids, "position_ids", 4, True)
-    out_kv = _view(kv_seq_lens, "kv_seq_lens", 4, True)
+    src = _array(source, "source", 8)
+    tok = _array(tokens, "tokens", 8)
+    lens = _array(seq, "seq", 8)
+    out_ids = _output(input_ids, "input_ids", 8)
+    out_pos = _output(position_ids, "position_ids", 4)
+    out_kv = _output(kv_seq_lens, "kv_seq_lens", 4)
     T, A = src.shape[0], tok.shape[0]
     if lens.shape[0] < A:
         raise ValueError(f"seq holds {lens.shape[0]} lengths, fewer than the {A} tokens")
-    cells = out_ids.nbytes // 8
+    cells = out_ids.shape[0]
     if T == 0 or cells % T or cells // T == 0:
         raise ValueError(f"input_ids must hold a positive multiple of {T} cells, got {cells}")
-    if out_pos.nbytes // 4 != cells or out_kv.nbytes // 4 != T:
+    if out_pos.shape[0] != cells or out_kv.shape[0] != T:
         raise ValueError(
             f"position_ids must hold {cells} cells and kv_seq_lens {T}, got "
-            f"{out_pos.nbytes // 4} and {out_kv.nbytes // 4}"
+            f"{out_pos.shape[0]} and {out_kv.shape[0]}"
         )
-    bad = np.flatnonzero((src < 0) | (src >= A))
-    if bad.size:
-        t = int(bad[0])
+    if A == 0 or src.min() < 0 or src.max() >= A:
+        t = int(np.flatnonzero((src < 0) | (src >= A))[0])
         raise ValueError(f"source[{t}] = {int(src[t])} is not a request in [0, {A})")
     head = lens[:A]
-    bad = np.flatnonzero((head < 1) | (head > INT32_MAX))
-    if bad.size:
-        q = int(bad[0])
+    if head.min() < 1 or head.max() > INT32_MAX:
+        q = int(np.flatnonzero((head < 1) | (head > INT32_MAX))[0])
         raise ValueError(f"seq[{q}] = {int(head[q])} is not a length in [1, 2**31)")
     S = cells // T
-    ids = np.asarray(out_ids).reshape(T, S)
-    positions = np.asarray(out_pos).reshape(T, S)
-    kv = np.asarray(out_kv).reshape(T)
     rows = head[src]
-    ids[...] = tok[src][:, None]
-    positions[...] = (rows - 1)[:, None]
-    kv[...] = rows
+    out_ids.reshape(T, S)[...] = tok[src][:, None]
+    out_pos.reshape(T, S)[...] = (rows - 1)[:, None]
+    out_kv[...] = rows

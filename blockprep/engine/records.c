@@ -130,8 +130,9 @@ PyObject *bk_index_records(PyObject *module, PyObject *args)
  * name: ops}}) as one dict per group ({table row: ops}; groups maps a name to its index), or None
  * when a request's row (row_of[request]) is no int, a request's value is no dict, a group name no
  * str or unknown, or the message changed size while it was read (the caller's own walk then
- * words the error). The twin is blockprep.wire.index_ops. Lookups may run a key's __eq__, so
- * everything read is held while it is used. */
+ * words the error). It speeds up that walk (blockprep/adapters/deepseek/tables.py, _walk), which
+ * is its specification: with the twin kernel, engine.index_ops is None and the walk runs. Lookups
+ * may run a key's __eq__, so everything read is held while it is used. */
 PyObject *bk_index_ops(PyObject *module, PyObject *args)
 {
     PyObject *rows, *row_of, *groups;

@@ -115,8 +115,10 @@ def plan_deltas(
         raise BlockprepValueError(
             "a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both"
         )
-    if data is None:  # the message's rows by group, in C where built
-        index = index_ops(rows, assignment.row_of, _GROUP_INDEX) if rows else None
+    if data is None:  # the message's rows by group: in C where built, else (or any doubt) _walk
+        index = None
+        if rows and index_ops is not None:
+            index = index_ops(rows, assignment.row_of, _GROUP_INDEX)
         changes = list(_walk(rows, assignment).values()) if index is None else index
     perm = assignment.perm
     A = len(assignment.ranks)
