@@ -10,7 +10,8 @@ Usage (from a directory that holds no ``blockprep``, so the package under test i
 and take the total (``callgrind_annotate`` or the ``summary:`` line) / 20: the trace (45 steps)
 is made and every item received (unpickled) with valgrind's instrumentation off (it runs at
 near native speed), the script turns it on (``callgrind_control -i on``), 5 warm-up steps run,
-then the 20 steps inside one ``functools.reduce`` call, the only place events are collected.
+then the 20 steps inside one ``functools.reduce`` call, the only place events are collected (a
+cold workload's steps each on a fresh construction, made before instrumentation starts).
 (``WORKLOAD save FILE`` writes the trace to ``FILE``, ``WORKLOAD N FILE`` reads it from there.)
 """
 
@@ -45,16 +46,19 @@ def main() -> None:
     stepper = workload.constructions["blockprep"]()
     receive = getattr(stepper, "receive", lambda item: item)  # older benches have none
     received = [receive(item) for item in items]
+    # A cold workload's steps each run on a fresh construction, made here, outside collection.
+    fresh = [workload.constructions["blockprep"]() for _ in received] if workload.cold else []
     # Instrumentation on (under callgrind; elsewhere the command fails, harmlessly).
     subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
-    for item in received[:5]:
-        stepper.step(item)
+    for k, item in enumerate(received[:5]):
+        (fresh[k] if fresh else stepper).step(item)
     gc.disable()
 
-    def step(_: None, item: Any) -> None:
-        stepper.step(item)
+    def step(k: int, item: Any) -> int:
+        (fresh[k] if fresh else stepper).step(item)
+        return k + 1
 
-    functools.reduce(step, received[5 : 5 + int(steps)], None)  # events collected in here only
+    functools.reduce(step, received[5 : 5 + int(steps)], 5)  # events collected in here only
 
 
 if __name__ == "__main__":
