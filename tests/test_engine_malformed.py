@@ -1292,6 +1292,17 @@ def outcome(call):
         return ("plan",) if result[1] is None else ("fault", result[1][0])
     return ("ok",)
 
+def colliding(action):  # a dict key hashed as "g" whose comparison runs action() once armed
+    class Key:
+        armed = False
+        def __hash__(self):
+            return hash("g")
+        def __eq__(self, other):
+            if Key.armed:
+                action()
+            return False
+    return Key
+
 def seeded(GroupKernel, width=8, rows=4):
     k = GroupKernel(False, width, 1000, 1, -1, rows, 2)
     plan, fault = k.stage(list(range(rows - 1)), [[1, 2, 3]] * (rows - 1), [-1] * rows,
@@ -1318,16 +1329,9 @@ SCENARIOS: dict[str, tuple[str, list[Any] | None, bool]] = {
         """
         def scenario(GroupKernel):
             k = seeded(GroupKernel)
-            class Twin:
-                def __hash__(self):
-                    return hash("g")
-                def __eq__(self, other):
-                    if armed:
-                        rows.clear()
-                    return False
-            armed = []
-            rows = [{Twin(): [9], "g": [1, 2]}, {"g": [3]}, {"g": [4]}, {"g": [5]}]
-            armed.append(True)
+            Key = colliding(lambda: rows.clear())
+            rows = [{Key(): [9], "g": [1, 2]}, {"g": [3]}, {"g": [4]}, {"g": [5]}]
+            Key.armed = True
             return outcome(lambda: k.stage(None, rows, [0, 1, 2, 3], lambda x: None, "g"))
         """,
         [("raise", "RuntimeError")],
@@ -1337,16 +1341,9 @@ SCENARIOS: dict[str, tuple[str, list[Any] | None, bool]] = {
         """
         def scenario(GroupKernel):
             k = seeded(GroupKernel)
-            class Twin:
-                def __hash__(self):
-                    return hash("g")
-                def __eq__(self, other):
-                    if armed:
-                        rows[0] = None
-                    return False
-            armed = []
-            rows = [{Twin(): [9], "g": [1, 2]}, {"g": [3]}, {"g": [4]}, {"g": [5]}]
-            armed.append(True)
+            Key = colliding(lambda: rows.__setitem__(0, None))
+            rows = [{Key(): [9], "g": [1, 2]}, {"g": [3]}, {"g": [4]}, {"g": [5]}]
+            Key.armed = True
             first = outcome(lambda: k.stage(None, rows, [0, 1, 2, 3], lambda x: None, "g"))
             return first, k.held(0)
         """,

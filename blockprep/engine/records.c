@@ -23,20 +23,26 @@ static int compare_entries(const void *a, const void *b)
     return (x->offset > y->offset) - (x->offset < y->offset);
 }
 
+/* A list of groups new, empty dicts. */
+static PyObject *empty_dicts(Py_ssize_t groups)
+{
+    PyObject *out = PyList_New(groups);
+    for (Py_ssize_t g = 0; out && g < groups; g++) {
+        PyObject *d = PyDict_New();
+        if (!d)
+            Py_CLEAR(out); /* the items not set are NULL, which a list's dealloc skips */
+        else
+            PyList_SET_ITEM(out, g, d);
+    }
+    return out;
+}
+
 /* The per-group dicts of n sorted entries: {row: (offset, ...)}. */
 static PyObject *grouped_dicts(const Entry *e, Py_ssize_t n, Py_ssize_t groups)
 {
-    PyObject *out = PyList_New(groups);
+    PyObject *out = empty_dicts(groups);
     if (!out)
         return NULL;
-    for (Py_ssize_t g = 0; g < groups; g++) {
-        PyObject *d = PyDict_New();
-        if (!d) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, g, d);
-    }
     for (Py_ssize_t i = 0; i < n;) {
         Py_ssize_t j = i;
         while (j < n && e[j].group == e[i].group && e[j].row == e[i].row)
@@ -145,17 +151,9 @@ PyObject *bk_index_ops(PyObject *module, PyObject *args)
     const Py_ssize_t ngroups = PyDict_GET_SIZE(groups);
     if (!PyDict_CheckExact(rows))
         Py_RETURN_NONE;
-    PyObject *out = PyList_New(ngroups);
+    PyObject *out = empty_dicts(ngroups);
     if (!out)
         return NULL;
-    for (Py_ssize_t g = 0; g < ngroups; g++) {
-        PyObject *d = PyDict_New();
-        if (!d) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, g, d);
-    }
     const Py_ssize_t size = PyDict_GET_SIZE(rows);
     Py_ssize_t pos = 0;
     PyObject *request, *by_group;
