@@ -16,9 +16,10 @@ setup(
         Extension(
             "blockprep.engine._kernel",
             sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c",
+                     "blockprep/engine/ops.c",
                      "blockprep/engine/marks.c", "blockprep/engine/records.c",
                      "blockprep/engine/dynamic.c"],
-            depends=["blockprep/engine/kernel.h"],
+            depends=["blockprep/engine/kernel.h", "blockprep/engine/stage.h"],
             extra_compile_args=FLAGS,
             optional=True,
         ),

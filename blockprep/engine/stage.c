@@ -1,24 +1,14 @@
 /*
- * stage.c: GroupKernel.stage and GroupKernel.stage_ops (see _kernel.c for the state and
- * blockprep/engine/twin.py for the rules): check a step's rows against the held ids and write
- * the plan's records; nothing persistent changes but the held stride (bk_grow_held, values kept).
+ * stage.c: GroupKernel.stage (see _kernel.c for the state and blockprep/engine/twin.py for the
+ * rules): check a step's rows against the held ids and write the plan's records; nothing
+ * persistent changes but the held stride (bk_grow_held, values kept). ops.c (stage_ops) shares
+ * the row step (bk_stage_row) and the scratch (stage.h).
  */
-#include "kernel.h"
+#include "stage.h"
 
-/* ---- stage ----------------------------------------------------------------------------------- */
+/* ---- the scratch of one stage call -------------------------------------------------------------- */
 
-typedef struct {
-    int32_t *out; /* the plan's records */
-    Py_ssize_t used, cap;
-    long long *vals;  /* one row's ids */
-    PyObject **objs;  /* a row built from ops: its id objects (owned), NULL for a held id */
-    Py_ssize_t nobjs; /* objs[0..nobjs) hold references */
-    Py_ssize_t *chg;  /* its changed positions */
-    uint64_t *keys;   /* (value, position) pairs for the repeat check */
-    Py_ssize_t row_cap;
-} Scratch;
-
-static void scratch_drop_objs(Scratch *s, Py_ssize_t from)
+void bk_scratch_drop(Scratch *s, Py_ssize_t from)
 {
     for (Py_ssize_t p = from; p < s->nobjs; p++)
         Py_CLEAR(s->objs[p]);
@@ -26,9 +16,9 @@ static void scratch_drop_objs(Scratch *s, Py_ssize_t from)
         s->nobjs = from;
 }
 
-static void scratch_free(Scratch *s)
+void bk_scratch_free(Scratch *s)
 {
-    scratch_drop_objs(s, 0);
+    bk_scratch_drop(s, 0);
     PyMem_Free(s->out);
     PyMem_Free(s->vals);
     PyMem_Free(s->objs);
@@ -37,7 +27,7 @@ static void scratch_free(Scratch *s)
 }
 
 /* Room for rows of n ids, keeping what the row arrays hold. */
-static int scratch_row(Scratch *s, Py_ssize_t n)
+int bk_scratch_row(Scratch *s, Py_ssize_t n)
 {
     if (n <= s->row_cap)
         return 0;
@@ -69,7 +59,7 @@ static int scratch_row(Scratch *s, Py_ssize_t n)
     return 0;
 }
 
-static int32_t *scratch_record(Scratch *s, Py_ssize_t n)
+int32_t *bk_scratch_record(Scratch *s, Py_ssize_t n)
 {
     Py_ssize_t need = s->used + HEADER + n;
     if (need > s->cap) {
@@ -149,7 +139,7 @@ static Py_ssize_t first_repeat(GroupKernel *self, Scratch *s, Py_ssize_t n, Py_s
 }
 
 /* The value object of position p for a fault: the exact int itself, else its value (the first
- * converted id out of range is kept by stage_row: convert is never called twice). */
+ * converted id out of range is kept by bk_stage_row: convert is never called twice). */
 static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p)
 {
     PyObject *x = lst ? PyList_GET_ITEM(lst, p) : s->objs[p];
@@ -259,7 +249,7 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
         if (p == n && from == r && n == m)
             return 0; /* it holds exactly what it held: nothing to check or write */
     }
-    if (scratch_row(s, n) < 0)
+    if (bk_scratch_row(s, n) < 0)
         return -1;
     long long *vals = s->vals;
     for (Py_ssize_t q = 0; q < p; q++)
@@ -426,7 +416,7 @@ marked:
             pos[1] = hi;
         }
     }
-    int32_t *rec = scratch_record(s, n);
+    int32_t *rec = bk_scratch_record(s, n);
     if (!rec)
         return -1;
     rec[0] = (int32_t)r;
@@ -440,7 +430,7 @@ marked:
 }
 
 /* srcs[r] as a source row: PADDING, NEW or a row; -1 with ValueError otherwise. */
-static int read_src(GroupKernel *self, PyObject *srcs, long long r, long long *src)
+int bk_read_src(GroupKernel *self, PyObject *srcs, long long r, long long *src)
 {
     PyObject *so = PyList_GET_ITEM(srcs, r);
     long long v = PyLong_CheckExact(so) ? exact_value(so) : BIG;
@@ -453,7 +443,7 @@ static int read_src(GroupKernel *self, PyObject *srcs, long long r, long long *s
 }
 
 /* The staged records as the (plan, None) a stage returns. */
-static PyObject *finished_plan(Scratch *s)
+PyObject *bk_finished_plan(Scratch *s)
 {
     PyObject *plan = PyBytes_FromStringAndSize((const char *)s->out,
                                                (Py_ssize_t)sizeof(int32_t) * s->used);
@@ -461,7 +451,7 @@ static PyObject *finished_plan(Scratch *s)
 }
 
 /* stage_row_ids, then the converted id it kept for a RANGE fault released. */
-static int stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
+int bk_stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
                      long long src, PyObject *convert, PyObject **fault_out)
 {
     PyObject *range_obj = NULL;
@@ -557,10 +547,10 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
                          bk_type_name(lst));
             goto done;
         }
-        if (read_src(self, srcs, r, &src) < 0)
+        if (bk_read_src(self, srcs, r, &src) < 0)
             goto done;
         Py_INCREF(lst);
-        int status = stage_row(self, &s, (Py_ssize_t)r, lst, PyList_GET_SIZE(lst), src, convert,
+        int status = bk_stage_row(self, &s, (Py_ssize_t)r, lst, PyList_GET_SIZE(lst), src, convert,
                                &fault_value);
         Py_DECREF(lst);
         if (status < 0)
@@ -570,411 +560,11 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
             goto done;
         }
     }
-    result = finished_plan(&s);
+    result = bk_finished_plan(&s);
 done:
     self->busy = 0;
-    scratch_free(&s);
+    bk_scratch_free(&s);
     Py_DECREF(lists);
     return result;
 }
 
-/* ---- stage_ops: rows given as blockprep.wire operations ---------------------------------------- */
-
-static PyObject *TAGS[4]; /* "w", "a", "s", "t" */
-
-int bk_init_tags(void)
-{
-    static const char *tags[4] = {"w", "a", "s", "t"};
-    for (int t = 0; t < 4; t++)
-        if (!TAGS[t] && !(TAGS[t] = PyUnicode_InternFromString(tags[t])))
-            return -1;
-    return 0;
-}
-enum { OP_W, OP_A, OP_S, OP_T, OP_BAD };
-
-/* The tag of op as apply_ops reads it (op[0] == "w", ...); -1 with an exception. */
-static int op_tag(PyObject *op)
-{
-    if (!PyList_Check(op) || PyList_GET_SIZE(op) == 0)
-        return OP_BAD;
-    PyObject *tag = PyList_GET_ITEM(op, 0);
-    int found = OP_BAD;
-    Py_INCREF(tag); /* held: its __eq__ may empty op */
-    for (int t = 0; t < 4 && found == OP_BAD; t++) {
-        if (tag == TAGS[t]) {
-            found = t;
-        } else if (PyUnicode_CheckExact(tag)) {
-            if (PyUnicode_Compare(tag, TAGS[t]) == 0)
-                found = t;
-        } else {
-            int eq = PyObject_RichCompareBool(tag, TAGS[t], Py_EQ);
-            if (eq < 0)
-                found = -1;
-            else if (eq)
-                found = t;
-            if (eq < 0)
-                break;
-        }
-    }
-    Py_DECREF(tag);
-    return found;
-}
-
-/* Cells [from, n) of s->objs set to new references to the items of ids (an exact list). */
-static int put_items(Scratch *s, Py_ssize_t at, PyObject *ids)
-{
-    Py_ssize_t k = PyList_GET_SIZE(ids);
-    if (scratch_row(s, at + k) < 0)
-        return -1;
-    scratch_drop_objs(s, at);
-    for (Py_ssize_t i = 0; i < k; i++) {
-        PyObject *x = PyList_GET_ITEM(ids, i);
-        Py_INCREF(x);
-        s->objs[at + i] = x;
-    }
-    s->nobjs = at + k;
-    return 0;
-}
-
-/* Apply ops to the cells, as wire.apply_ops: *n the length (-1: nothing held). Returns 0, 1 for
- * ops apply_ops rejects, -1 with an exception. */
-static int apply_ops(Scratch *s, PyObject *ops, Py_ssize_t *n)
-{
-    if (!PyList_Check(ops) || PyList_GET_SIZE(ops) == 0)
-        return 1;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
-        PyObject *op = PyList_GET_ITEM(ops, i);
-        Py_INCREF(op);
-        int tag = op_tag(op), status = 0;
-        Py_ssize_t size = tag < 0 || tag == OP_BAD ? 0 : PyList_GET_SIZE(op);
-        if (tag < 0) {
-            status = -1;
-        } else if (*n < 0 && tag != OP_W) {
-            status = 1;
-        } else if ((tag == OP_W || tag == OP_A) && size == 2) {
-            PyObject *ids = PyList_GET_ITEM(op, 1);
-            if (!PyList_CheckExact(ids))
-                status = 1;
-            else if (put_items(s, tag == OP_W ? 0 : *n, ids) < 0)
-                status = -1;
-            else
-                *n = s->nobjs;
-        } else if (tag == OP_S && size == 3) {
-            PyObject *positions = PyList_GET_ITEM(op, 1), *values = PyList_GET_ITEM(op, 2);
-            Py_ssize_t k = PyList_CheckExact(positions) ? PyList_GET_SIZE(positions) : -1;
-            if (k < 0 || !PyList_CheckExact(values) || PyList_GET_SIZE(values) != k)
-                status = 1;
-            for (Py_ssize_t j = 0; status == 0 && j < k; j++) {
-                PyObject *q = PyList_GET_ITEM(positions, j);
-                long long p = PyLong_CheckExact(q) ? exact_value(q) : -1;
-                if (p < 0 || p >= *n) {
-                    status = 1;
-                    break;
-                }
-                for (Py_ssize_t e = 0; e < j && k > 1; e++) /* positions must not repeat */
-                    if (exact_value(PyList_GET_ITEM(positions, e)) == p)
-                        status = 1;
-            }
-            for (Py_ssize_t j = 0; status == 0 && j < k; j++) {
-                Py_ssize_t p = (Py_ssize_t)exact_value(PyList_GET_ITEM(positions, j));
-                PyObject *x = PyList_GET_ITEM(values, j);
-                Py_INCREF(x);
-                Py_XSETREF(s->objs[p], x);
-            }
-        } else if (tag == OP_T && size == 2) {
-            PyObject *q = PyList_GET_ITEM(op, 1);
-            long long length = PyLong_CheckExact(q) ? exact_value(q) : -1;
-            if (length < 0 || length > *n)
-                status = 1;
-            else {
-                scratch_drop_objs(s, (Py_ssize_t)length);
-                *n = (Py_ssize_t)length;
-            }
-        } else {
-            status = 1;
-        }
-        Py_DECREF(op);
-        if (status)
-            return status;
-    }
-    return *n < 0 ? 1 : 0;
-}
-
-/* ---- packed records (blockprep.packed): int32 words read in place, no int object per id ---- */
-
-/* Apply the records at the word offsets of item (a tuple of ints) to the cells, as the ops
- * packed.record_op makes of them (the ids are ints by construction: cells hold their values,
- * no objects). Returns 0, 1 for records apply_ops would reject, -1 with ValueError for an
- * offset that is no record of data (a caller's bug: the message was checked). */
-static int apply_records(Scratch *s, const unsigned char *data, Py_ssize_t words,
-                         PyObject *item, Py_ssize_t r, Py_ssize_t *n)
-{
-    const Py_ssize_t k = PyTuple_GET_SIZE(item);
-    if (k == 0)
-        return 1;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        PyObject *o = PyTuple_GET_ITEM(item, i);
-        long long at = PyLong_CheckExact(o) ? exact_value(o) : -1;
-        int32_t kind = 0, count = -1;
-        if (at >= 0 && at <= words - R_HEADER) {
-            kind = bk_word(data, at);
-            count = bk_word(data, at + 3);
-        }
-        long long width = bk_record_width(kind, count);
-        if (kind < R_WHOLE || kind > R_TRUNCATE || count < 0 || at + R_HEADER + width > words) {
-            PyErr_Format(PyExc_ValueError, "row %zd: no packed record at word %R", r, o);
-            return -1;
-        }
-        const Py_ssize_t v = (Py_ssize_t)at + R_HEADER, c = count;
-        if (*n < 0 && kind != R_WHOLE)
-            return 1;
-        if (kind == R_WHOLE || kind == R_APPEND) {
-            Py_ssize_t from = kind == R_WHOLE ? 0 : *n;
-            if (scratch_row(s, from + c) < 0)
-                return -1;
-            scratch_drop_objs(s, from);
-            for (Py_ssize_t j = 0; j < c; j++) {
-                s->objs[from + j] = NULL; /* a value cell: checked as a changed id */
-                s->vals[from + j] = bk_word(data, v + j);
-            }
-            s->nobjs = *n = from + c;
-        } else if (kind == R_SET) {
-            for (Py_ssize_t j = 0; j < c; j++) {
-                int32_t p = bk_word(data, v + j);
-                if (p < 0 || p >= *n)
-                    return 1;
-                for (Py_ssize_t e = 0; e < j; e++) /* positions must not repeat */
-                    if (bk_word(data, v + e) == p)
-                        return 1;
-            }
-            for (Py_ssize_t j = 0; j < c; j++) {
-                Py_ssize_t p = bk_word(data, v + j);
-                Py_CLEAR(s->objs[p]);
-                s->vals[p] = bk_word(data, v + c + j);
-            }
-        } else {
-            if (c > *n)
-                return 1;
-            scratch_drop_objs(s, c);
-            *n = c;
-        }
-    }
-    return 0;
-}
-
-/* The ids an append or a set names are new ids: integers (convert) whatever the row held, in op
- * order; a TYPE fault names the first that is not. Returns 0, 1 with *fault_out, -1. */
-static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObject **fault_out)
-{
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(ops); i++) {
-        PyObject *op = PyList_GET_ITEM(ops, i);
-        if (!PyList_Check(op) || PyList_GET_SIZE(op) < 2)
-            continue;
-        Py_INCREF(op);
-        int tag = op_tag(op); /* may run a tag's __eq__: op is read again after it */
-        PyObject *ids = PyList_GET_SIZE(op) >= 2 ? PyList_GET_ITEM(op, PyList_GET_SIZE(op) - 1)
-                                                 : NULL;
-        int status = tag < 0 ? -1 : 0;
-        if ((tag == OP_A || tag == OP_S) && ids && PyList_CheckExact(ids)) {
-            Py_INCREF(ids);
-            for (Py_ssize_t j = 0; status == 0 && j < PyList_GET_SIZE(ids); j++) {
-                PyObject *x = PyList_GET_ITEM(ids, j);
-                if (PyLong_CheckExact(x))
-                    continue;
-                Py_INCREF(x);
-                PyObject *c = PyObject_CallOneArg(convert, x);
-                if (!c)
-                    status = -1;
-                else if (!PyLong_CheckExact(c))
-                    status = (*fault_out = bk_fault(F_TYPE, r, x)) ? 1 : -1;
-                Py_XDECREF(c);
-                Py_DECREF(x);
-            }
-            Py_DECREF(ids);
-        }
-        Py_DECREF(op);
-        if (status)
-            return status;
-    }
-    return 0;
-}
-
-/* ---- the steady step: one id set at one position of a row that stays ------------------------ */
-
-/* What the general path decides for a set of id x at position p of row r (which stays and holds
- * its ids), when it takes it without a fault: no record (x is the held id) or one record marking
- * position p. Returns 0 (decided), 1 (not this case, or a fault: the general path decides and
- * words it), -1 with an exception. */
-static int stage_one_set(GroupKernel *self, Scratch *s, Py_ssize_t r, long long p, long long x)
-{
-    const Py_ssize_t m = self->lens[r];
-    if (m < 0 || m < self->shortest || m > self->width || p < 0 || p >= m)
-        return 1;
-    const int32_t *held = self->held + r * self->stride;
-    if (x == held[p])
-        return 0; /* it holds exactly what it held */
-    if (x == BIG || x < 0 || x >= self->limit)
-        return 1; /* a RANGE fault */
-    if (self->distinct) {
-        if (!self->checked[r])
-            return 1; /* the full repeat check */
-        for (Py_ssize_t q = 0; q < m; q++)
-            if (held[q] == x && q != p)
-                return 1; /* a REPEAT fault */
-    }
-    int32_t *rec = scratch_record(s, m);
-    if (!rec)
-        return -1;
-    rec[0] = (int32_t)r;
-    rec[1] = (int32_t)m;
-    rec[2] = POSITIONS | (self->distinct ? CHECKED : 0);
-    rec[3] = 1;
-    rec[4] = (int32_t)p;
-    rec[5] = rec[6] = rec[7] = 0;
-    memcpy(rec + HEADER, held, sizeof(int32_t) * (size_t)m);
-    rec[HEADER + p] = (int32_t)x;
-    return 0;
-}
-
-/* The (p, x) of a row's single set, when item is exactly one: one packed record of one
- * position (data given), or [["s", [p], [x]]] of exact lists and ints. 1 when it is, else 0. */
-static int one_set_of(PyObject *item, const unsigned char *data, Py_ssize_t words,
-                      long long *p, long long *x)
-{
-    if (data && PyTuple_CheckExact(item) && PyTuple_GET_SIZE(item) == 1) {
-        PyObject *o = PyTuple_GET_ITEM(item, 0);
-        long long at = PyLong_CheckExact(o) ? exact_value(o) : -1;
-        if (at < 0 || at > words - R_HEADER - 2 || bk_word(data, at) != R_SET ||
-            bk_word(data, at + 3) != 1)
-            return 0;
-        *p = bk_word(data, at + R_HEADER);
-        *x = bk_word(data, at + R_HEADER + 1);
-        return 1;
-    }
-    if (!PyList_CheckExact(item) || PyList_GET_SIZE(item) != 1)
-        return 0;
-    PyObject *op = PyList_GET_ITEM(item, 0);
-    if (!PyList_CheckExact(op) || PyList_GET_SIZE(op) != 3)
-        return 0;
-    PyObject *tag = PyList_GET_ITEM(op, 0), *ps = PyList_GET_ITEM(op, 1);
-    PyObject *xs = PyList_GET_ITEM(op, 2);
-    if (!PyUnicode_CheckExact(tag) || (tag != TAGS[OP_S] && PyUnicode_Compare(tag, TAGS[OP_S])))
-        return 0;
-    if (!PyList_CheckExact(ps) || PyList_GET_SIZE(ps) != 1 || !PyList_CheckExact(xs) ||
-        PyList_GET_SIZE(xs) != 1)
-        return 0;
-    PyObject *po = PyList_GET_ITEM(ps, 0), *xo = PyList_GET_ITEM(xs, 0);
-    if (!PyLong_CheckExact(po) || !PyLong_CheckExact(xo))
-        return 0;
-    *p = exact_value(po);
-    *x = exact_value(xo);
-    return 1;
-}
-
-PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
-{
-    PyObject *rows, *items, *srcs, *convert, *packed = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOO|O:stage_ops", &rows, &items, &srcs, &convert, &packed))
-        return NULL;
-    if (!PyList_CheckExact(rows) || !PyList_CheckExact(items) || !PyList_CheckExact(srcs)) {
-        PyErr_SetString(PyExc_TypeError, "rows, items and srcs must be lists");
-        return NULL;
-    }
-    if (packed != Py_None && (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4)) {
-        PyErr_SetString(PyExc_TypeError, "data must be None or bytes of whole int32 words");
-        return NULL;
-    }
-    /* bytes are immutable: the payload stays put while callbacks run (packed is the caller's
-     * reference, held for the call) */
-    const unsigned char *data =
-        packed == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(packed);
-    const Py_ssize_t words = packed == Py_None ? 0 : PyBytes_GET_SIZE(packed) / 4;
-    if (PyList_GET_SIZE(srcs) != self->rows) {
-        PyErr_Format(PyExc_ValueError, "srcs must hold %zd rows, got %zd", self->rows,
-                     PyList_GET_SIZE(srcs));
-        return NULL;
-    }
-    if (PyList_GET_SIZE(items) != PyList_GET_SIZE(rows)) {
-        PyErr_Format(PyExc_ValueError, "items must hold %zd rows, got %zd", PyList_GET_SIZE(rows),
-                     PyList_GET_SIZE(items));
-        return NULL;
-    }
-    if (bk_busy(self))
-        return NULL;
-    self->busy = 1;
-    Scratch s = {0};
-    PyObject *fault_value = NULL, *result = NULL;
-    const Py_ssize_t visits = PyList_GET_SIZE(rows);
-    for (Py_ssize_t i = 0; i < visits; i++) {
-        long long r, src;
-        /* rows, items and srcs are the caller's: callbacks may change them. */
-        if (PyList_GET_SIZE(rows) != visits || PyList_GET_SIZE(items) != visits ||
-            PyList_GET_SIZE(srcs) != self->rows) {
-            PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
-            goto done;
-        }
-        if (bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
-            goto done;
-        if (read_src(self, srcs, r, &src) < 0)
-            goto done;
-        PyObject *item = PyList_GET_ITEM(items, i);
-        Py_INCREF(item);
-        int status;
-        long long one_p, one_x;
-        if (src == PADDING) { /* a padding row: its ids, by value */
-            status = PyList_CheckExact(item)
-                         ? stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
-                                     convert, &fault_value)
-                         : (PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
-                                         bk_type_name(item)),
-                            -1);
-        } else if (src == r && one_set_of(item, data, words, &one_p, &one_x) &&
-                   (status = stage_one_set(self, &s, (Py_ssize_t)r, one_p, one_x)) <= 0) {
-            /* decided: the steady step (status 0), or an exception (-1) */
-        } else {
-            /* The cells start as the ids the request held (none for a new request). */
-            Py_ssize_t n = -1;
-            scratch_drop_objs(&s, 0);
-            if (src >= 0 && self->lens[src] >= 0) {
-                n = self->lens[src];
-                status = scratch_row(&s, n);
-                for (Py_ssize_t p = 0; status == 0 && p < n; p++) {
-                    s.objs[p] = NULL;
-                    s.vals[p] = self->held[src * self->stride + p];
-                }
-                s.nobjs = n;
-            } else {
-                status = 0;
-            }
-            const int records = data && PyTuple_CheckExact(item); /* else: malformed ops */
-            if (status == 0 && records)
-                status = apply_records(&s, data, words, item, (Py_ssize_t)r, &n);
-            else if (status == 0 && item != Py_None)
-                status = apply_ops(&s, item, &n);
-            else if (status == 0 && n < 0)
-                status = 1; /* a new request without its whole list */
-            if (status == 1)
-                fault_value = Py_BuildValue("(O(inO))", Py_None, F_OPS, (Py_ssize_t)r, Py_None);
-            else if (status == 0 && item != Py_None && !records)
-                status = check_set_ids(item, (Py_ssize_t)r, convert, &fault_value);
-            if (status == 0) {
-                /* Held cells keep their value in s.vals; the rest read from s.objs. */
-                status = stage_row(self, &s, (Py_ssize_t)r, NULL, n, src, convert, &fault_value);
-            }
-            if (status == 1 && !fault_value)
-                status = -1;
-        }
-        Py_DECREF(item);
-        if (status < 0)
-            goto done;
-        if (status > 0) {
-            result = fault_value;
-            goto done;
-        }
-    }
-    result = finished_plan(&s);
-done:
-    self->busy = 0;
-    scratch_free(&s);
-    return result;
-}
