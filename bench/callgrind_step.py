@@ -35,8 +35,8 @@ def main() -> None:
     torch.set_num_threads(1)
     workload = workloads.standard_workloads()[name]
     if steps == "save":
-        with open(sys.argv[3], "wb") as file:
-            pickle.dump(list(workload.trace(TRACE_STEPS, 0)), file)
+        with open(sys.argv[3], "wb") as out:
+            pickle.dump(list(workload.trace(TRACE_STEPS, 0)), out)
         return
     if len(sys.argv) > 3:
         with open(sys.argv[3], "rb") as file:
