@@ -369,9 +369,9 @@ class GroupedTables:
     ) -> GroupedStep:
         """:meth:`plan` with the rows given as ``num_rows`` mappings ``{group name: ids}`` (a
         batch's ``block_ids_by_group``, in table order): each group's lists are read where they
-        are, no columns made. Same results and errors as :meth:`plan` of the columns
-        ``[[row[name] for row in rows] for name in groups]`` (a row that is no mapping or lacks a
-        group raises what making those columns raises)."""
+        are, no columns made. Same results and errors as :meth:`plan` of the columns made row by
+        row (``[[row[name] for name in groups] for row in rows]``, transposed): a row that is no
+        mapping or lacks a group raises what reading it there raises, the first such row first."""
         if type(rows) is list and len(rows) == self._num_rows:
             step_keys, srcs = self._key_changes(keys)
             plans = []

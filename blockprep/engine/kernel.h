@@ -66,7 +66,8 @@ static inline long long exact_value(PyObject *x)
 }
 
 /* Whether x, an exact int, is the compact int h (a cheap test, no call: 0 and large ints answer
- * 0, and the caller's general walk then decides). */
+ * 0, and the caller's general walk then decides). The tight loop's test: written through
+ * small_value below it cost 8% more instructions a DeepSeek wire step, 15% a ring-table one. */
 static inline int small_equals(PyObject *x, int32_t h)
 {
 #if PY_VERSION_HEX >= 0x030C0000
