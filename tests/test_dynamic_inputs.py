@@ -1,7 +1,8 @@
-"""A decode step's dynamic inputs: the compiled ``int_range`` / ``decode_inputs`` and their twin
-(:mod:`blockprep.engine.dynamic`) against a dense model written from seed-semantics 6.5, and
-against each other on valid and malformed arguments (same results, same buffers, same exception
-types and messages, nothing written on a refusal).
+"""A decode step's dynamic inputs: the compiled ``int_range`` / ``decode_inputs`` /
+``decode_slots`` and their twin (:mod:`blockprep.engine.dynamic`) against models written from
+seed-semantics 6.5 and 2.3 (a paged decode slot), and against each other on valid and malformed
+arguments (same results, same buffers, same exception types and messages, nothing written on a
+refusal).
 
 The compiled module is imported directly, so this runs in the twin-forced pass too; it is skipped
 only where the extension was not built.
@@ -43,7 +44,7 @@ def call(module: Any, name: str, *args: Any) -> tuple[str, Any]:
     """What a call gives: ("ok", result) or (exception type, message)."""
     try:
         return "ok", getattr(module, name)(*args)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, IndexError) as error:
         return type(error).__name__, str(error)
 
 
@@ -166,3 +167,127 @@ def test_decode_inputs_refusals_name_the_value() -> None:
                 np.zeros(3, np.int32),
             )
     assert [o.tolist() for o in out] == [[[7], [7]], [[7], [7]], [7, 7]]
+
+
+INT32_MAX = 2**31 - 1
+
+
+def model_slots(
+    seq_lens: list[Any],
+    items: dict[int, Any],
+    lengths: list[int],
+    table: list[int],
+    width: int,
+    page_size: int,
+    max_seq_len: int,
+) -> list[int] | None:
+    """Seed-semantics 2.3 for a paged decode step, where every row must pass: a row's ids are its
+    ``items`` list, or the ``lengths[row]`` ids the table row holds (at most ``width``); its
+    sequence length an int in ``[1, max_seq_len]``; its page at ``(seq - 1) // page_size``
+    present, an int, not negative, and every slot of the page within int32."""
+    slots = []
+    for row, seq in enumerate(seq_lens):
+        if type(seq) is not int or not 1 <= seq <= max_seq_len:
+            return None
+        ids = items.get(row)
+        if ids is None:
+            ids = table[row * width : row * width + max(0, min(lengths[row], width))]
+        elif type(ids) is not list or len(ids) > width:
+            return None
+        page_index, offset = divmod(seq - 1, page_size)
+        if page_index >= len(ids):
+            return None
+        page = ids[page_index]
+        if type(page) is not int or page < 0 or page * page_size + page_size - 1 > INT32_MAX:
+            return None
+        slots.append(page * page_size + offset)
+    return slots
+
+
+SEQ = st.one_of(
+    st.integers(1, 40),
+    st.integers(-3, 45),
+    st.sampled_from([True, 2.0, 2**70, -(2**70), None]),
+)
+PAGE = st.one_of(
+    st.integers(-2, 60),
+    st.sampled_from([2**31 // 4 - 1, 2**31 // 4, 2**31 - 1, 2**63, True, 3.0, None]),
+)
+
+
+@st.composite
+def slot_steps(draw: st.DrawFn) -> tuple[Any, ...]:
+    rows = draw(st.integers(0, 8))
+    width = draw(st.integers(1, 6))
+    page_size = draw(st.sampled_from([1, 2, 4, 8]))
+    max_seq_len = draw(st.integers(1, width * page_size + 2))
+    seq_lens = draw(st.lists(SEQ, min_size=rows, max_size=rows))
+    lengths = draw(st.lists(st.integers(-1, width + 2), min_size=rows, max_size=rows + 2))
+    cells = rows * width + draw(st.integers(0, 3))
+    table = draw(st.lists(st.integers(-1, 2**31 // 4 + 1), min_size=cells, max_size=cells))
+    ids = st.one_of(
+        st.none(),
+        st.lists(PAGE, max_size=width + 1),
+        st.lists(PAGE, max_size=width).map(tuple),
+    )
+    items = draw(st.dictionaries(st.integers(-1, rows + 1), ids, max_size=rows + 1))
+    return seq_lens, items, lengths, table, width, page_size, max_seq_len
+
+
+@settings(max_examples=600, deadline=None)
+@given(slot_steps())
+def test_decode_slots_equal_the_model(step: tuple[Any, ...]) -> None:
+    seq_lens, items, lengths, table, width, page_size, max_seq_len = step
+    want = model_slots(*step)
+    strided = np.stack([np.array(lengths, np.int32)] * 2, axis=1)[:, 0]  # as BlockTable's
+    for module in IMPLEMENTATIONS:
+        for held in (np.array(lengths, np.int32), strided):
+            got = module.decode_slots(
+                seq_lens, items, held, np.array(table, np.int32), width, page_size, max_seq_len
+            )
+            assert got == want, module.__name__
+
+
+def test_decode_slots_of_a_step() -> None:
+    """Two rows from the table, one from the message; then one row's page missing."""
+    lengths = np.array([2, 3, 0], np.int32)
+    table = np.arange(12, dtype=np.int32)  # row r holds 4r, 4r + 1, ...
+    for module in IMPLEMENTATIONS:
+        args = (lengths, table, 4, 128, 1000)
+        assert module.decode_slots([1, 129, 5], {2: [7]}, *args) == [0, 5 * 128, 7 * 128 + 4]
+        assert module.decode_slots([1, 400, 5], {2: [7]}, *args) is None  # row 1: page 3 of 3
+        assert module.decode_slots([1, 129], {}, *args) == [0, 5 * 128]
+
+
+SLOT_ARGS: list[Any] = [[3], {}, np.array([1], np.int32), np.array([5, 6], np.int32), 2, 4, 8]
+SLOT_WRONG: list[tuple[int, Any]] = [
+    (0, (3,)),
+    (0, None),
+    (1, [(0, [1])]),
+    (1, {"0": [1]}),
+    (1, {True: [1]}),
+    (2, np.array([1], np.int64)),
+    (2, np.zeros((1, 1), np.int32)),
+    (2, np.zeros(0, np.int32)),
+    (2, [1]),
+    (3, np.array([5], np.int32)),
+    (3, np.array([5, 6], np.float32)),
+    (3, None),
+    (4, 0),
+    (4, 2**31),
+    (4, 2.0),
+    (4, True),
+    (5, -1),
+    (5, None),
+    (6, 0),
+    (6, 2**70),
+]
+
+
+@pytest.mark.parametrize("where,value", SLOT_WRONG)
+def test_decode_slots_refuse_alike(where: int, value: Any) -> None:
+    args = list(SLOT_ARGS)
+    args[where] = value
+    got = [call(module, "decode_slots", *args) for module in IMPLEMENTATIONS]
+    assert got[0] == got[1]
+    assert got[0][0] != "ok", got

@@ -49,6 +49,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
+from blockprep.engine import decode_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.packed import is_packed, unpack
@@ -208,6 +209,10 @@ class QwenDecodePreparer:
         }
         # The block table mirrors row by row, through a [B, max_blocks] view of the flat buffer.
         self._table_mirror = DeviceMirror(flat_table.view(batch, self.max_blocks), device)
+        # The mirrors whose copies a write must wait for: none when they are the host buffers.
+        self._copied = (
+            () if self._table_mirror.is_host else (*self._mirrors.values(), self._table_mirror)
+        )
         self._table_buffer = (
             flat_table if self._table_mirror.is_host else self._table_mirror.tensor.view(-1)
         )
@@ -387,7 +392,7 @@ class QwenDecodePreparer:
         if np.maximum.reduce(slots) > INT32_MAX:
             self._raise_first_fault(seq, rows, items, tokens)
         # Everything is checked: from here on nothing raises.
-        wait_host_free(*self._mirrors.values(), self._table_mirror)  # step N-1 copies done
+        wait_host_free(*self._copied)  # step N-1 copies done
         if plan is not None:
             self._table.commit(plan)
         if step is None:
@@ -413,7 +418,11 @@ class QwenDecodePreparer:
         page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
         items = None if step is None else step.items
         pages: list[Sequence[Any]] = []
-        fast = None if items is None else self._delta_slots(seq_lens, items)
+        fast = None  # every row's slot when every row passes (None: the row loop decides)
+        if items is not None:  # the rows a message leaves alone read from the table
+            fast = decode_slots(
+                seq_lens, items, self._lengths, self._flat_table, width, page_size, max_seq_len
+            )
         slots: list[int] = [] if fast is None else fast
         lists: Sequence[Sequence[Any] | None]
         if items is None:
@@ -450,7 +459,7 @@ class QwenDecodePreparer:
         token_values = tensor_values(batch.token_ids, count)
         self._tokens.check_tokens(token_values)
         if items is None:
-            wait_host_free(*self._mirrors.values(), self._table_mirror)  # step N-1 copies done
+            wait_host_free(*self._copied)  # step N-1 copies done
             table.write_rows(pages)  # the last check: every changed row before writing any
             self._cursor.last = None
             self._request_ids = None
@@ -458,7 +467,7 @@ class QwenDecodePreparer:
         else:
             assert step is not None
             plan = table.plan_rows(items) if items else None  # the last check
-            wait_host_free(*self._mirrors.values(), self._table_mirror)
+            wait_host_free(*self._copied)
             if plan is not None:
                 table.commit(plan)
             self._cursor.last = step.seq
@@ -466,34 +475,6 @@ class QwenDecodePreparer:
             self._request_rows = step.rows
         self._write_rows(count, token_values, seq_lens, slots)
         return self._inputs(count)
-
-    def _delta_slots(self, seq_lens: list[int], items: dict[int, Any]) -> list[int] | None:
-        """Each row's decode slot when every row passes upstream's row checks, the rows a
-        message leaves alone read from the table (its lengths and buffer, no held lists made);
-        ``None`` at the first doubt (the row loop then decides, and raises upstream's error)."""
-        width, page_size, max_seq_len = self.max_blocks, self.page_size, self.max_seq_len
-        page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
-        lengths = self._lengths[: len(seq_lens)].tolist()
-        cell = self._flat_table.item
-        slots: list[int] = []
-        for row, seq_len in enumerate(seq_lens):
-            if type(seq_len) is not int or not 0 < seq_len <= max_seq_len:
-                return None
-            position = seq_len - 1
-            index = position // page_size
-            ids = items.get(row)
-            if ids is None:  # as the table holds it (an unknown row has length 0)
-                if index >= lengths[row]:
-                    return None
-                page = cell(row * width + index)
-            elif type(ids) is not list or len(ids) > width or index >= len(ids):
-                return None
-            else:
-                page = ids[index]
-            if type(page) is not int or not 0 <= page <= page_max:
-                return None
-            slots.append(page * page_size + position - index * page_size)
-        return slots
 
     def _verified_prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
         """:meth:`prepare`, then every buffer against a from-scratch rebuild (``verify=True``)."""
@@ -531,7 +512,7 @@ class QwenDecodePreparer:
         too: the next message must build on nothing. Call after anything else wrote the
         buffers."""
         self._table.invalidate()
-        wait_host_free(*self._mirrors.values(), self._table_mirror)
+        wait_host_free(*self._copied)
         self._tokens.reset()
         self._cursor.last = None
         self._request_ids = None

@@ -5,7 +5,8 @@ Both provide ``GroupKernel`` with the same signatures and results (see
 message's records (the twin: :func:`blockprep.packed.index_records`), ``index_ops``, a grouped
 wire message's rows by group (``None`` with the twin: the DeepSeek preparer's own walk of the
 message, which it speeds up, is its specification), and ``int_range`` and
-``decode_inputs``, a decode step's dynamic inputs (the twin: :mod:`blockprep.engine.dynamic`).
+``decode_inputs``, a DeepSeek decode step's dynamic inputs, and ``decode_slots``, a paged decode
+step's slots (the twin: :mod:`blockprep.engine.dynamic`).
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
 step, ``diff_lists``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice
@@ -22,7 +23,7 @@ from blockprep.backend import FORCED_PURE_PYTHON
 from blockprep.engine import dynamic, twin
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
-    from blockprep.engine.dynamic import decode_inputs, int_range
+    from blockprep.engine.dynamic import decode_inputs, decode_slots, int_range
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
 
@@ -33,12 +34,14 @@ elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
     index_records, index_ops = packed.index_records, None
     int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
+    decode_slots = dynamic.decode_slots
     BACKEND = "python"
 else:
     try:
         from blockprep.engine._kernel import (
             GroupKernel,
             decode_inputs,
+            decode_slots,
             index_ops,
             index_records,
             int_range,
@@ -51,6 +54,7 @@ else:
         GroupKernel = twin.GroupKernel
         index_records, index_ops = packed.index_records, None
         int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
+        decode_slots = dynamic.decode_slots
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
         log.fallback(error)  # a WARNING record, once (not when forced)
@@ -66,6 +70,7 @@ __all__ = [
     "FORCED_PURE_PYTHON",
     "GroupKernel",
     "decode_inputs",
+    "decode_slots",
     "index_ops",
     "index_records",
     "int_range",

@@ -596,6 +596,8 @@ static PyMethodDef module_methods[] = {
      "int_range(values, n) -> (min, max) of a 1-D int64 array's first n values"},
     {"decode_inputs", (PyCFunction)bk_decode_inputs, METH_VARARGS,
      "decode_inputs(source, tokens, seq, input_ids, position_ids, kv_seq_lens): a decode step's rows"},
+    {"decode_slots", (PyCFunction)bk_decode_slots, METH_VARARGS,
+     "decode_slots(seq_lens, items, lengths, table, width, page_size, max_seq_len) -> slots or None"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,11 +1,15 @@
 """A decode step's dynamic inputs in one call each, in pure Python and NumPy: the specification of
-``dynamic.c`` (the compiled ``_kernel``'s ``int_range`` and ``decode_inputs``), and the fallback.
+``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs`` and ``decode_slots``),
+and the fallback.
 
 - :func:`int_range`: the smallest and largest of a 1-D int64 array's first ``n`` values (a step's
   shortest sequence and its last position, read once).
 - :func:`decode_inputs`: the standard decode step's rows (seed-semantics 6.5): table row ``t``
   gets request ``q = source[t]``'s token in every one of its ``S`` token columns, its position
   ``seq[q] - 1`` in every position column, and its KV length ``seq[q]``.
+- :func:`decode_slots`: a paged decode step's slot mapping (seed-semantics 2.3), each row's page
+  read from a message's new list or from the table as it stands; ``None`` when a row fails
+  upstream's checks (the caller's row loop words the error). It writes nothing.
 
 Arguments are buffer-protocol objects (NumPy arrays, ``memoryview``), read as they are (any
 stride for the 1-D inputs); the outputs must be C-contiguous and writable. Both implementations
@@ -142,3 +146,79 @@ def decode_inputs(
     out_ids.reshape(T, S)[...] = tok[src][:, None]
     out_pos.reshape(T, S)[...] = (rows - 1)[:, None]
     out_kv[...] = rows
+
+
+def decode_slots(
+    seq_lens: list[Any],
+    items: dict[int, Any],
+    lengths: object,
+    table: object,
+    width: int,
+    page_size: int,
+    max_seq_len: int,
+) -> list[int] | None:
+    """Each row's decode slot (seed-semantics 2.3: the page at position ``seq_len - 1``, times
+    ``page_size``, plus the offset in it) when every row passes upstream's row checks; ``None``
+    at the first row that does not (the caller's row loop then raises upstream's message).
+
+    Row ``r`` reads its page ids from ``items[r]`` (a list) when ``items`` has a list for it,
+    else from the table as it holds them: ``lengths[r]`` ids in ``table[r * width:]``.
+    A row passes when ``seq_lens[r]`` is an int in ``[1, max_seq_len]`` and its decode page
+    (index ``(seq_len - 1) // page_size``) exists, is an int in ``[0, page_max]`` (no slot above
+    int32) and, from ``items``, comes from a list of at most ``width`` ids.
+
+    Args:
+        seq_lens: ``[A]`` list: each row's sequence length.
+        items: ``{row: list of page ids}`` (int keys; ``None`` values and rows outside
+            ``[0, A)`` are ignored).
+        lengths: ``[>= A]`` int32: how many ids each table row holds.
+        table: ``[>= A * width]`` int32: the flat block table.
+        width, page_size, max_seq_len: ints in ``[1, 2**31)``.
+
+    Raises:
+        TypeError: ``seq_lens`` no list, ``items`` no dict or with a key that is no int, an
+            argument of another kind (named).
+        IndexError: ``width``, ``page_size`` or ``max_seq_len`` out of range.
+        ValueError: fewer than ``A`` lengths or ``A * width`` cells.
+    """
+    if type(seq_lens) is not list:
+        raise TypeError(f"seq_lens must be a list, got {type(seq_lens).__name__}")
+    if type(items) is not dict:
+        raise TypeError(f"items must be a dict, got {type(items).__name__}")
+    for name, value in (("width", width), ("page_size", page_size), ("max_seq_len", max_seq_len)):
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 1 <= value <= INT32_MAX:
+            raise IndexError(f"{name} {value!r} out of range [1, {INT32_MAX + 1})")
+    for key in items:
+        if type(key) is not int:
+            raise TypeError(f"items keys must be ints, got {type(key).__name__}")
+    held = _array(lengths, "lengths", 4)
+    cells = _array(table, "table", 4)
+    rows = len(seq_lens)
+    if held.shape[0] < rows:
+        raise ValueError(f"lengths holds {held.shape[0]} rows, fewer than the {rows} seq_lens")
+    if cells.shape[0] // width < rows:
+        raise ValueError(f"table holds {cells.shape[0]} cells, fewer than {rows} rows of {width}")
+    page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
+    counts = held[:rows].tolist()
+    cell = cells.item
+    slots: list[int] = []
+    for row, seq_len in enumerate(seq_lens):
+        if type(seq_len) is not int or not 0 < seq_len <= max_seq_len:
+            return None
+        position = seq_len - 1
+        index = position // page_size
+        ids = items.get(row)
+        if ids is None:  # as the table holds it
+            if index >= counts[row] or index >= width:
+                return None
+            page = cell(row * width + index)
+        elif type(ids) is not list or len(ids) > width or index >= len(ids):
+            return None
+        else:
+            page = ids[index]
+        if type(page) is not int or not 0 <= page <= page_max:
+            return None
+        slots.append(page * page_size + position - index * page_size)
+    return slots
