@@ -154,7 +154,7 @@ class BlockEventRecorder:
             {None: 0} if names is None else {g: i for i, g in enumerate(names)}
         )
         self._live: dict[Hashable, _Live] = {}
-        self._words: array[int] = array("i")
+        self._words: list[int] = []  # the step's records (a list extends faster than an array)
         self._heads: list[int] = []  # where each of the step's records starts in _words
         self._fresh: list[_Live] = []
         self._free: list[int] = []  # handles of finished requests, reusable after a message
@@ -362,7 +362,7 @@ class BlockEventRecorder:
         result = message(self._next, self._base, count, _payload(out))
         self._base = self._next
         self._next += 1
-        self._words = array("i")
+        self._words = []
         self._heads = []
         for state in self._fresh:
             state.fresh = False
@@ -402,7 +402,7 @@ class BlockEventRecorder:
             state = states[row]
             for g, ids in enumerate(state.lists):
                 out.extend((WHOLE_RECORD, g, row, len(ids)))
-                out.extend(ids)
+                out.fromlist(ids)
             count += len(state.lists)
             del rows[state.handle]
         return out, count, rows, every
@@ -417,7 +417,7 @@ class BlockEventRecorder:
         if all(map(rows.__contains__, fields)):  # every record goes: patch the rows in place
             for i, handle in zip(heads, fields, strict=True):
                 words[i + 2] = rows[handle]
-            out.extend(words)
+            out.fromlist(words)
             return len(heads)
         count = 0
         ends = [*heads[1:], len(words)]
@@ -425,7 +425,7 @@ class BlockEventRecorder:
             row = rows.get(handle)
             if row is not None:
                 words[i + 2] = row
-                out.extend(words[i:end])
+                out.fromlist(words[i:end])
                 count += 1
         return count
 
