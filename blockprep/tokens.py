@@ -96,7 +96,11 @@ class PaddedTokenBuffer:
         """Raise ``TypeError`` naming the first row whose token is not an integer (``bool`` and
         ``float`` included), ``ValueError`` naming the first row whose token does not fit the
         dtype, or when there are more tokens than rows."""
-        tokens = _token_list(tokens)
+        self.check_int_tokens(_token_list(tokens))
+
+    def check_int_tokens(self, tokens: list[int]) -> None:
+        """:meth:`check_tokens` of a list known to hold ints only (an integer tensor's
+        ``tolist()``): the count and range checks, same messages."""
         if len(tokens) > len(self._rows):
             raise BlockprepValueError(
                 f"{len(tokens)} tokens for a token buffer of {len(self._rows)} rows"

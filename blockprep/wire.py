@@ -286,7 +286,7 @@ class DeltaCursor:
                 ``seq`` is not after ``base`` (``seq == base`` only with no rows: the message
                 saying nothing changed, as ``speculative_batch`` makes, which is idempotent).
         """
-        if not isinstance(message, Mapping):
+        if type(message) is not dict and not isinstance(message, Mapping):  # dict: no ABC check
             raise DeltaMessageError(
                 f"a block delta message must be a dict, got {type(message).__name__}"
             )
@@ -296,7 +296,7 @@ class DeltaCursor:
                 f"a block delta message needs an int seq and an int or None base, got seq "
                 f"{seq!r}, base {base!r}"
             )
-        if not isinstance(rows, Mapping):
+        if type(rows) is not dict and not isinstance(rows, Mapping):
             raise DeltaMessageError(
                 f"a block delta message needs a dict of rows, got {type(rows).__name__}"
             )

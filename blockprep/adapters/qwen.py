@@ -456,8 +456,8 @@ class QwenDecodePreparer:
             else:  # raises what upstream's row check raises, or converts a NumPy integer
                 slots.append(decode_slot(row, row_pages, seq_len, page_size))
             pages.append(row_pages)
-        token_values = tensor_values(batch.token_ids, count)
-        self._tokens.check_tokens(token_values)
+        token_values = tensor_values(batch.token_ids, count)  # ints: its dtype was checked
+        self._tokens.check_int_tokens(token_values)
         if items is None:
             wait_host_free(*self._copied)  # step N-1 copies done
             table.write_rows(pages)  # the last check: every changed row before writing any

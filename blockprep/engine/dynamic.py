@@ -27,6 +27,7 @@ import numpy.typing as npt
 INT32_MAX = 2**31 - 1
 _INT64 = {"q", "l", "n"}  # 'l': a C long, 8 bytes where int64 arrays say it
 _INT32 = {"i"}
+_NATIVE = {4: np.dtype(np.int32), 8: np.dtype(np.int64)}  # singletons: tested with ``is``
 
 
 def _view(obj: object, name: str, itemsize: int, writable: bool) -> memoryview:
@@ -50,14 +51,12 @@ def _view(obj: object, name: str, itemsize: int, writable: bool) -> memoryview:
 
 def _array(obj: object, name: str, itemsize: int) -> npt.NDArray[Any]:
     """A 1-D integer array to read (:func:`_view`'s rules), the common NumPy one as it is."""
-    if (
-        type(obj) is np.ndarray
-        and obj.ndim == 1
-        and obj.dtype.kind == "i"
-        and obj.dtype.itemsize == itemsize
-        and obj.dtype.isnative
-    ):
-        return obj
+    if type(obj) is np.ndarray and obj.ndim == 1:
+        dtype = obj.dtype
+        if dtype is _NATIVE[itemsize] or (
+            dtype.kind == "i" and dtype.itemsize == itemsize and dtype.isnative
+        ):
+            return obj
     return np.asarray(_view(obj, name, itemsize, False))
 
 
@@ -185,14 +184,26 @@ def decode_slots(
         raise TypeError(f"seq_lens must be a list, got {type(seq_lens).__name__}")
     if type(items) is not dict:
         raise TypeError(f"items must be a dict, got {type(items).__name__}")
-    for name, value in (("width", width), ("page_size", page_size), ("max_seq_len", max_seq_len)):
-        if type(value) is not int:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-        if not 1 <= value <= INT32_MAX:
-            raise IndexError(f"{name} {value!r} out of range [1, {INT32_MAX + 1})")
-    for key in items:
-        if type(key) is not int:
-            raise TypeError(f"items keys must be ints, got {type(key).__name__}")
+    if not (
+        type(width) is int
+        and type(page_size) is int
+        and type(max_seq_len) is int
+        and 1 <= width <= INT32_MAX
+        and 1 <= page_size <= INT32_MAX
+        and 1 <= max_seq_len <= INT32_MAX
+    ):  # one test for the common case; the loop names the argument
+        for name, value in (
+            ("width", width),
+            ("page_size", page_size),
+            ("max_seq_len", max_seq_len),
+        ):
+            if type(value) is not int:
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if not 1 <= value <= INT32_MAX:
+                raise IndexError(f"{name} {value!r} out of range [1, {INT32_MAX + 1})")
+    if items and set(map(type, items)) != {int}:
+        key = next(key for key in items if type(key) is not int)
+        raise TypeError(f"items keys must be ints, got {type(key).__name__}")
     held = _array(lengths, "lengths", 4)
     cells = _array(table, "table", 4)
     rows = len(seq_lens)
@@ -202,14 +213,14 @@ def decode_slots(
         raise ValueError(f"table holds {cells.shape[0]} cells, fewer than {rows} rows of {width}")
     page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
     counts = held[:rows].tolist()
-    cell = cells.item
+    cell, get = cells.item, items.get
     slots: list[int] = []
     for row, seq_len in enumerate(seq_lens):
         if type(seq_len) is not int or not 0 < seq_len <= max_seq_len:
             return None
         position = seq_len - 1
         index = position // page_size
-        ids = items.get(row)
+        ids = get(row)
         if ids is None:  # as the table holds it
             if index >= counts[row] or index >= width:
                 return None
