@@ -49,7 +49,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import decode_slots
+from blockprep.engine import decode_slots, put_ints
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.packed import is_packed, unpack
@@ -616,18 +616,21 @@ class QwenDecodePreparer:
         """Write the checked step and replicate row 0 into rows ``count..B-1``."""
         self._tokens.write_array(tokens)
         seq_view, slot_view = self._seq_view, self._slot_view
-        seq_view[:count] = seq_lens
-        slot_view[:count] = slots
+        if put_ints is not None and type(seq_lens) is list and type(slots) is list:
+            put_ints(seq_view, seq_lens)  # compiled: checked ints, no NumPy casting machinery
+            put_ints(slot_view, slots)
+        else:
+            seq_view[:count] = seq_lens
+            slot_view[:count] = slots
         if count < self.max_batch_size and self.padding == "replicate":
             self._tokens.replicate(0, count)
             seq_view[count:] = seq_view[0]
             slot_view[count:] = slot_view[0]
             self._table.fill_rows(0, range(count, self.max_batch_size))
-        dirty = self._table.take_dirty()
-        if not self._table_mirror.is_host:
+        if self._copied:  # device copies: the rows written since the last step go
             for mirror in self._mirrors.values():
                 mirror.sync()
-            self._table_mirror.sync(dirty)
+            self._table_mirror.sync(self._table.take_dirty())
 
     def _sync_all(self) -> None:
         for mirror in (*self._mirrors.values(), self._table_mirror):

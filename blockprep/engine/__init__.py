@@ -6,7 +6,9 @@ message's records (the twin: :func:`blockprep.packed.index_records`), ``index_op
 wire message's rows by group (``None`` with the twin: the DeepSeek preparer's own walk of the
 message, which it speeds up, is its specification), and ``int_range`` and
 ``decode_inputs``, a DeepSeek decode step's dynamic inputs, and ``decode_slots``, a paged decode
-step's slots (the twin: :mod:`blockprep.engine.dynamic`).
+step's slots (the twin: :mod:`blockprep.engine.dynamic`), and ``put_ints``, a list of ints
+written into an int32 or int64 column (``None`` with the twin: its callers' NumPy assignment,
+which it replaces, is its specification).
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
 step, ``diff_lists``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice
@@ -28,11 +30,12 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.packed import index_records
 
     index_ops: Callable[[Any, dict[Any, Any], dict[Any, Any]], list[dict[int, Any]] | None] | None
+    put_ints: Callable[[Any, list[int]], None] | None
 
     BACKEND = "python"
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
-    index_records, index_ops = packed.index_records, None
+    index_records, index_ops, put_ints = packed.index_records, None, None
     int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
     decode_slots = dynamic.decode_slots
     BACKEND = "python"
@@ -45,6 +48,7 @@ else:
             index_ops,
             index_records,
             int_range,
+            put_ints,
         )
 
         if backend.diff_lists is None:
@@ -52,7 +56,7 @@ else:
         BACKEND = "c"
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
-        index_records, index_ops = packed.index_records, None
+        index_records, index_ops, put_ints = packed.index_records, None, None
         int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
         decode_slots = dynamic.decode_slots
         backend.diff_lists = None  # one backend for everything
@@ -75,5 +79,6 @@ __all__ = [
     "index_records",
     "int_range",
     "kernel_backend",
+    "put_ints",
     "twin",
 ]

@@ -598,6 +598,8 @@ static PyMethodDef module_methods[] = {
      "decode_inputs(source, tokens, seq, input_ids, position_ids, kv_seq_lens): a decode step's rows"},
     {"decode_slots", (PyCFunction)bk_decode_slots, METH_VARARGS,
      "decode_slots(seq_lens, items, lengths, table, width, page_size, max_seq_len) -> slots or None"},
+    {"put_ints", (PyCFunction)bk_put_ints, METH_VARARGS,
+     "put_ints(dst, values): dst[i] = values[i] for a list of ints, checked first"},
     {NULL, NULL, 0, NULL},
 };
 
