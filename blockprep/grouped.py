@@ -157,7 +157,7 @@ class _SlotState:
             self.counts = counts
         self.arrays = [self.tables[g.name].numpy() for g in groups]
         self.counts_np = self.counts.numpy()
-        self.counts_bytes = memoryview(self.counts_np).cast("B")  # a copy: one memcpy
+        self.counts_bytes = self.counts_np.data.cast("B")  # a copy: one memcpy
         self.counts_stale = True  # the counts buffer may differ from the held counts
         self.stats = [[0, 0, 0] for _ in groups]  # hits, misses, cells_written
         # Rows written since last taken (``track_rows``), else None.
@@ -230,7 +230,7 @@ class GroupedTables:
             for g in groups
         ]
         self._counts = np.zeros((num_rows, len(groups)), dtype=np.int32)
-        self._counts_bytes = memoryview(self._counts).cast("B")
+        self._counts_bytes = self._counts.data.cast("B")
         self._keys: list[Hashable | None] = [None] * num_rows
         self._stay = [PADDING] * num_rows  # srcs when no key changes
         self._padding_rows = list(range(num_rows))  # the rows whose key is None, and as a set
