@@ -1,5 +1,5 @@
 """A decode step's dynamic inputs: the compiled ``int_range`` / ``decode_inputs`` /
-``decode_slots`` and their twin (:mod:`blockprep.engine.dynamic`) against models written from
+``step_slots`` and their twin (:mod:`blockprep.engine.dynamic`) against models written from
 seed-semantics 6.5 and 2.3 (a paged decode slot), and against each other on valid and malformed
 arguments (same results, same buffers, same exception types and messages, nothing written on a
 refusal).
@@ -236,27 +236,27 @@ def slot_steps(draw: st.DrawFn) -> tuple[Any, ...]:
 
 @settings(max_examples=600, deadline=None)
 @given(slot_steps())
-def test_decode_slots_equal_the_model(step: tuple[Any, ...]) -> None:
+def test_step_slots_equal_the_model(step: tuple[Any, ...]) -> None:
     seq_lens, items, lengths, table, width, page_size, max_seq_len = step
     want = model_slots(*step)
     strided = np.stack([np.array(lengths, np.int32)] * 2, axis=1)[:, 0]  # as BlockTable's
     for module in IMPLEMENTATIONS:
         for held in (np.array(lengths, np.int32), strided):
-            got = module.decode_slots(
+            got = module.step_slots(
                 seq_lens, items, held, np.array(table, np.int32), width, page_size, max_seq_len
             )
             assert got == want, module.__name__
 
 
-def test_decode_slots_of_a_step() -> None:
+def test_step_slots_of_a_step() -> None:
     """Two rows from the table, one from the message; then one row's page missing."""
     lengths = np.array([2, 3, 0], np.int32)
     table = np.arange(12, dtype=np.int32)  # row r holds 4r, 4r + 1, ...
     for module in IMPLEMENTATIONS:
         args = (lengths, table, 4, 128, 1000)
-        assert module.decode_slots([1, 129, 5], {2: [7]}, *args) == [0, 5 * 128, 7 * 128 + 4]
-        assert module.decode_slots([1, 400, 5], {2: [7]}, *args) is None  # row 1: page 3 of 3
-        assert module.decode_slots([1, 129], {}, *args) == [0, 5 * 128]
+        assert module.step_slots([1, 129, 5], {2: [7]}, *args) == [0, 5 * 128, 7 * 128 + 4]
+        assert module.step_slots([1, 400, 5], {2: [7]}, *args) is None  # row 1: page 3 of 3
+        assert module.step_slots([1, 129], {}, *args) == [0, 5 * 128]
 
 
 SLOT_ARGS: list[Any] = [[3], {}, np.array([1], np.int32), np.array([5, 6], np.int32), 2, 4, 8]
@@ -285,10 +285,10 @@ SLOT_WRONG: list[tuple[int, Any]] = [
 
 
 @pytest.mark.parametrize("where,value", SLOT_WRONG)
-def test_decode_slots_refuse_alike(where: int, value: Any) -> None:
+def test_step_slots_refuse_alike(where: int, value: Any) -> None:
     args = list(SLOT_ARGS)
     args[where] = value
-    got = [call(module, "decode_slots", *args) for module in IMPLEMENTATIONS]
+    got = [call(module, "step_slots", *args) for module in IMPLEMENTATIONS]
     assert got[0] == got[1]
     assert got[0][0] != "ok", got
 

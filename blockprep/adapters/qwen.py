@@ -49,7 +49,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import decode_slots, put_ints
+from blockprep.engine import put_ints, step_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.packed import is_packed, unpack
@@ -420,7 +420,7 @@ class QwenDecodePreparer:
         pages: list[Sequence[Any]] = []
         fast = None  # every row's slot when every row passes (None: the row loop decides)
         if items is not None:  # the rows a message leaves alone read from the table
-            fast = decode_slots(
+            fast = step_slots(
                 seq_lens, items, self._lengths, self._flat_table, width, page_size, max_seq_len
             )
         slots: list[int] = [] if fast is None else fast

@@ -1,14 +1,17 @@
 """The table engine's kernel: compiled (``_kernel``, C) or its pure-Python twin (``twin``).
 
 Both provide ``GroupKernel`` with the same signatures and results (see
-:mod:`blockprep.engine.twin`, the specification), ``index_records``, the index of a packed
-message's records (the twin: :func:`blockprep.packed.index_records`), ``index_ops``, a grouped
-wire message's rows by group (``None`` with the twin: the DeepSeek preparer's own walk of the
-message, which it speeds up, is its specification), and ``int_range`` and
-``decode_inputs``, a DeepSeek decode step's dynamic inputs, and ``decode_slots``, a paged decode
-step's slots (the twin: :mod:`blockprep.engine.dynamic`), and ``put_ints``, a list of ints
-written into an int32 or int64 column (``None`` with the twin: its callers' NumPy assignment,
-which it replaces, is its specification).
+:mod:`blockprep.engine.twin`, the specification) and these functions:
+
+- ``index_records``: the index of a packed message's records (the twin:
+  :func:`blockprep.packed.index_records`);
+- ``int_range``, ``decode_inputs`` (a DeepSeek decode step's dynamic inputs) and
+  ``step_slots`` (a paged decode step's slots); the twin: :mod:`blockprep.engine.dynamic`;
+- ``index_ops``, a grouped wire message's rows by group, and ``put_ints``, a list of ints written
+  into an int32 or int64 column: ``None`` with the twin, where the callers' own code (the
+  DeepSeek preparer's walk of the message, NumPy's assignment), which they speed up, runs and is
+  their specification.
+
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
 step, ``diff_lists``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice
@@ -25,7 +28,7 @@ from blockprep.backend import FORCED_PURE_PYTHON
 from blockprep.engine import dynamic, twin
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
-    from blockprep.engine.dynamic import decode_inputs, decode_slots, int_range
+    from blockprep.engine.dynamic import decode_inputs, int_range, step_slots
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
 
@@ -37,18 +40,18 @@ elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
     index_records, index_ops, put_ints = packed.index_records, None, None
     int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
-    decode_slots = dynamic.decode_slots
+    step_slots = dynamic.step_slots
     BACKEND = "python"
 else:
     try:
         from blockprep.engine._kernel import (
             GroupKernel,
             decode_inputs,
-            decode_slots,
             index_ops,
             index_records,
             int_range,
             put_ints,
+            step_slots,
         )
 
         if backend.diff_lists is None:
@@ -58,7 +61,7 @@ else:
         GroupKernel = twin.GroupKernel
         index_records, index_ops, put_ints = packed.index_records, None, None
         int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
-        decode_slots = dynamic.decode_slots
+        step_slots = dynamic.step_slots
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
         log.fallback(error)  # a WARNING record, once (not when forced)
@@ -74,11 +77,11 @@ __all__ = [
     "FORCED_PURE_PYTHON",
     "GroupKernel",
     "decode_inputs",
-    "decode_slots",
     "index_ops",
     "index_records",
     "int_range",
     "kernel_backend",
     "put_ints",
+    "step_slots",
     "twin",
 ]

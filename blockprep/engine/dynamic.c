@@ -1,13 +1,13 @@
 /*
  * dynamic.c: a decode step's dynamic inputs in one call each (module functions of _kernel):
  * int_range (the smallest and largest of a 1-D int64 array's first n values), decode_inputs (per
- * table row, its request's token, position seq - 1 and KV length) and decode_slots (a paged decode
+ * table row, its request's token, position seq - 1 and KV length) and step_slots (a paged decode
  * step's slots, or None when a row fails a check). The twin (the specification) is
  * blockprep/engine/dynamic.py: same arguments, results, errors and messages.
  *
  * Why C: interleaved with other work, each NumPy call of a step costs it the cache lines of its
  * own machinery (a cold min() or fancy index: 10-30 us); int_range and decode_inputs replace seven
- * of them in a DeepSeek step, decode_slots a Qwen step's Python row loop (about 4 us of 21).
+ * of them in a DeepSeek step, step_slots a Qwen step's Python row loop (about 4 us of 21).
  * Every argument and every value read is checked before the first write.
  */
 #include "kernel.h"
@@ -153,17 +153,17 @@ done:
     return result;
 }
 
-/* decode_slots: each row's decode slot, or None at the first row that fails a check (the caller's
+/* step_slots: each row's decode slot, or None at the first row that fails a check (the caller's
  * row loop then words the error). Only exact ints count as seq_lens and page ids; no Python code
  * runs once the arguments are read (the items are indexed by row first, borrowed from the dict,
  * which nothing can change before the loop ends), and every table read is inside the rows *
  * width cells checked first. */
-PyObject *bk_decode_slots(PyObject *module, PyObject *args)
+PyObject *bk_step_slots(PyObject *module, PyObject *args)
 {
     PyObject *seq_lens, *items, *lengths_obj, *table_obj, *o[3];
     static const char *names[3] = {"width", "page_size", "max_seq_len"};
     long long a[3];
-    if (!PyArg_ParseTuple(args, "OOOOOOO:decode_slots", &seq_lens, &items, &lengths_obj,
+    if (!PyArg_ParseTuple(args, "OOOOOOO:step_slots", &seq_lens, &items, &lengths_obj,
                           &table_obj, &o[0], &o[1], &o[2]))
         return NULL;
     if (!PyList_CheckExact(seq_lens)) {

@@ -1,5 +1,5 @@
 """A decode step's dynamic inputs in one call each, in pure Python and NumPy: the specification of
-``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs`` and ``decode_slots``),
+``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs`` and ``step_slots``),
 and the fallback.
 
 - :func:`int_range`: the smallest and largest of a 1-D int64 array's first ``n`` values (a step's
@@ -7,7 +7,7 @@ and the fallback.
 - :func:`decode_inputs`: the standard decode step's rows (seed-semantics 6.5): table row ``t``
   gets request ``q = source[t]``'s token in every one of its ``S`` token columns, its position
   ``seq[q] - 1`` in every position column, and its KV length ``seq[q]``.
-- :func:`decode_slots`: a paged decode step's slot mapping (seed-semantics 2.3), each row's page
+- :func:`step_slots`: a paged decode step's slot mapping (seed-semantics 2.3), each row's page
   read from a message's new list or from the table as it stands; ``None`` when a row fails
   upstream's checks (the caller's row loop words the error). It writes nothing.
 
@@ -147,7 +147,7 @@ def decode_inputs(
     out_kv[...] = rows
 
 
-def decode_slots(
+def step_slots(
     seq_lens: list[Any],
     items: dict[int, Any],
     lengths: object,
