@@ -12,6 +12,19 @@
  */
 #include "kernel.h"
 
+/* The item size of a buffer of int32 (4) or int64 (8) items in native order; 0 for any other. */
+static int int_items(const Py_buffer *v)
+{
+    const char *f = v->format ? v->format : "B";
+    while (*f == '=' || *f == '<' || *f == '@')
+        f++;
+    if (!f[0] || f[1])
+        return 0;
+    if (v->itemsize == 8 && (f[0] == 'q' || f[0] == 'l' || f[0] == 'n'))
+        return 8;
+    return v->itemsize == 4 && f[0] == 'i' ? 4 : 0;
+}
+
 /* obj's buffer, with integer items of itemsize bytes: 1-D (any stride) to read, or C-contiguous
  * and writable to write. -1 with TypeError / ValueError (the twin's words) otherwise. */
 static int int_view(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int writable,
@@ -23,12 +36,7 @@ static int int_view(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, int wri
         PyErr_Format(PyExc_TypeError, "%s must be an %s array", name, kind);
         return -1;
     }
-    const char *f = view->format ? view->format : "B";
-    while (*f == '=' || *f == '<' || *f == '@')
-        f++;
-    int ok = view->itemsize == itemsize && f[0] && !f[1] &&
-             (itemsize == 8 ? (f[0] == 'q' || f[0] == 'l' || f[0] == 'n') : f[0] == 'i');
-    if (!ok) {
+    if (int_items(view) != itemsize) {
         PyBuffer_Release(view);
         PyErr_Format(PyExc_TypeError, "%s must be an %s array", name, kind);
         return -1;
@@ -285,11 +293,8 @@ PyObject *bk_put_ints(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "dst must be a writable 1-D int32 or int64 array");
         return NULL;
     }
-    const char *f = v.format ? v.format : "B";
-    while (*f == '=' || *f == '<' || *f == '@')
-        f++;
-    int wide = v.itemsize == 8 && f[0] && !f[1] && (f[0] == 'q' || f[0] == 'l' || f[0] == 'n');
-    if (v.ndim != 1 || !(wide || (v.itemsize == 4 && f[0] == 'i' && !f[1]))) {
+    const int items = int_items(&v), wide = items == 8;
+    if (v.ndim != 1 || !items) {
         PyBuffer_Release(&v);
         PyErr_SetString(PyExc_TypeError, "dst must be a writable 1-D int32 or int64 array");
         return NULL;
