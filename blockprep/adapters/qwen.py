@@ -49,7 +49,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import put_ints, step_slots
+from blockprep.engine import assign_ints, step_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.packed import is_packed, unpack
@@ -616,12 +616,8 @@ class QwenDecodePreparer:
         """Write the checked step and replicate row 0 into rows ``count..B-1``."""
         self._tokens.write_array(tokens)
         seq_view, slot_view = self._seq_view, self._slot_view
-        if put_ints is not None and type(seq_lens) is list and type(slots) is list:
-            put_ints(seq_view, seq_lens)  # compiled: checked ints, no NumPy casting machinery
-            put_ints(slot_view, slots)
-        else:
-            seq_view[:count] = seq_lens
-            slot_view[:count] = slots
+        assign_ints(seq_view, seq_lens)  # count values: lists (small batches) or arrays
+        assign_ints(slot_view, slots)
         if count < self.max_batch_size and self.padding == "replicate":
             self._tokens.replicate(0, count)
             seq_view[count:] = seq_view[0]

@@ -10,7 +10,7 @@ Both provide ``GroupKernel`` with the same signatures and results (see
 - ``index_ops``, a grouped wire message's rows by group, and ``put_ints``, a list of ints written
   into an int32 or int64 column: ``None`` with the twin, where the callers' own code (the
   DeepSeek preparer's walk of the message, NumPy's assignment), which they speed up, runs and is
-  their specification.
+  their specification (``assign_ints`` picks between the two for a column write).
 
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
@@ -67,6 +67,16 @@ else:
         log.fallback(error)  # a WARNING record, once (not when forced)
 
 
+def assign_ints(dst: Any, values: Any) -> None:
+    """``dst[:len(values)] = values`` into a 1-D int32 or int64 NumPy array of any stride: a list
+    of ints through the compiled ``put_ints`` (checked; no NumPy conversion machinery), anything
+    else (an array, or any list with the twin) by NumPy's assignment."""
+    if put_ints is not None and type(values) is list:
+        put_ints(dst, values)
+    else:
+        dst[: len(values)] = values
+
+
 def kernel_backend() -> str:
     """``"c"`` when the compiled kernel runs, ``"python"`` for the pure-Python twin."""
     return BACKEND
@@ -76,6 +86,7 @@ __all__ = [
     "BACKEND",
     "FORCED_PURE_PYTHON",
     "GroupKernel",
+    "assign_ints",
     "decode_inputs",
     "index_ops",
     "index_records",
