@@ -18,7 +18,7 @@ setup(
             sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c",
                      "blockprep/engine/ops.c",
                      "blockprep/engine/marks.c", "blockprep/engine/records.c",
-                     "blockprep/engine/dynamic.c"],
+                     "blockprep/engine/dynamic.c", "blockprep/engine/apply_row.c"],
             depends=["blockprep/engine/kernel.h", "blockprep/engine/stage.h"],
             extra_compile_args=FLAGS,
             optional=True,

@@ -32,6 +32,7 @@ import torch
 
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.engine import GroupKernel
+from blockprep.engine.rules import ROW_APPEND, ROW_CLEAR, ROW_COPY, ROW_WHOLE
 from blockprep.errors import (
     BlockprepIndexError,
     BlockprepRuntimeError,
@@ -48,6 +49,8 @@ from blockprep.ids import (
 )
 from blockprep.row_checks import convert, raise_row
 from blockprep.row_deltas import Changes, RowDeltas, RowItems, row_items
+from blockprep.table_checks import StaleRowError as StaleRowError  # re-exported
+from blockprep.table_checks import check_table, verify_table
 from blockprep.wire import SET, TRUNCATE, DeltaCursor
 
 _T = TypeVar("_T")
@@ -60,10 +63,6 @@ _WRITE_METHODS = (
     *("append", "set_ids", "truncate", "apply_deltas", "apply_packed"),
 )
 """The methods that write the buffer: ``verify=True`` checks the table after each."""
-
-
-class StaleRowError(BlockprepRuntimeError):
-    """:meth:`BlockTable.check` found a row whose buffer content differs from its cached ids."""
 
 
 class UnknownRowError(BlockprepValueError):
@@ -189,6 +188,7 @@ class BlockTable:
         if buffer is None:  # every row cleared: rendered once more (the fill wrote pad already)
             self._kernel.clear(-1)
             self._kernel.commit(self._empty, 0, self._rows, self._counts, 0, False)
+        self._kernel.bind(self._rows, self._counts, 0)  # apply_row: one row's change at once
         self._deltas = RowDeltas(self)
         self._dirty: set[int] = set()
         self._hits = 0
@@ -263,6 +263,9 @@ class BlockTable:
 
         ``ids``: a list, tuple, 1-D integer array or tensor. The caller may mutate it afterwards.
         """
+        cells = self._apply_row(ROW_WHOLE, row, ids)  # plain ints: decided at once
+        if cells is not None:
+            return cells > 0
         if type(row) is not int or not 0 <= row < self._num_rows:
             row = self._row_index(row)
         listed = ids if type(ids) is list else self._listed(row, ids)
@@ -351,6 +354,9 @@ class BlockTable:
 
     def copy_row(self, src: int, dst: int) -> bool:
         """Make row ``dst`` a copy of row ``src``; return whether anything was written."""
+        cells = self._apply_row(ROW_COPY, dst, src)  # a source holding ids: at once
+        if cells is not None:
+            return cells > 0
         n, kernel = self._num_rows, self._kernel
         rows = type(src) is int and type(dst) is int and 0 <= src < n and 0 <= dst < n
         if rows and src != dst and kernel.length(src) > 0:  # the common case: one kernel step
@@ -401,6 +407,9 @@ class BlockTable:
 
     def clear_row(self, row: int) -> bool:
         """Fill row ``row`` with ``pad``; return whether anything was written."""
+        cells = self._apply_row(ROW_CLEAR, row, None)
+        if cells is not None:
+            return cells > 0
         row = self._row_index(row)
         if self._kernel.length(row) == 0:
             self._hits += 1
@@ -434,7 +443,10 @@ class BlockTable:
         since it was made or last invalidated): :class:`UnknownRowError` otherwise. Appending
         nothing writes nothing (a hit), and so does appending nothing to a cleared ring row.
         """
-        return self._deltas.append(row, ids)
+        cells = self._apply_row(ROW_APPEND, row, ids)
+        if cells is None:  # anything else: checked, converted, or refused with its message
+            return self._deltas.append(row, ids)
+        return cells
 
     def set_ids(self, row: int, positions: IdsLike, ids: IdsLike) -> int:
         """The ids at ``positions`` of row ``row``'s id list become ``ids``; return cells written.
@@ -508,75 +520,24 @@ class BlockTable:
     # --- inspection ------------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Verify every row with known content against the buffer.
+        """Verify every row with known content against the buffer
+        (:func:`blockprep.table_checks.check_table`).
 
         Raises:
             StaleRowError: naming the first row and column whose cell differs from its cached ids
                 (something else wrote the buffer; :meth:`invalidate` is the remedy).
         """
-        expected = np.empty(self._max_blocks, dtype=np.int32)
-        for row in range(self._num_rows):
-            held = self._kernel.held(row)
-            if held is None:
-                continue
-            if not held:
-                expected[...] = self._pad
-            elif self._ring:
-                expected[...] = np.resize(np.array(held, dtype=np.int32), self._max_blocks)
-            else:
-                expected[: len(held)] = held
-                expected[len(held) :] = self._pad
-            actual = self._rows[row]
-            if not np.array_equal(actual, expected):
-                column = int(np.flatnonzero(actual != expected)[0])
-                raise StaleRowError(
-                    f"block-table row {row} column {column} holds {int(actual[column])}, but its "
-                    f"cached ids say {int(expected[column])}; call invalidate() after writing the "
-                    "buffer directly"
-                )
+        check_table(self)
 
     def verify(self) -> None:
-        """Compare every row whose ids the table knows with a from-scratch rebuild of those ids
-        through :mod:`blockprep.reference` (``ring_block_table_repeat``, ``block_table_per_row``;
-        a cleared row is all ``pad``), and check that :attr:`lengths` agrees with the held ids.
-        Rows of unknown content are skipped. Slow; what ``verify=True`` runs after every write.
+        """Compare every row whose ids the table knows with a from-scratch rebuild through
+        :mod:`blockprep.reference` (:func:`blockprep.table_checks.verify_table`). Slow; what
+        ``verify=True`` runs after every write.
 
         Raises:
             StaleRowError: naming the first row (and column) that differs.
         """
-        from blockprep import reference  # only here: verification is an opt-in slow path
-
-        width, pad = self._max_blocks, self._pad
-        expected = np.full((self._num_rows, width), pad, dtype=np.int32)
-        held = self.held_rows(self._num_rows)
-        filled: list[int] = []
-        rows: list[list[int]] = []
-        for row, ids in enumerate(held):
-            if ids is None:
-                continue
-            if len(ids) != int(self._lengths[row]):
-                raise StaleRowError(
-                    f"verify: block-table row {row} caches {len(ids)} ids, but its length "
-                    f"says {int(self._lengths[row])}"
-                )
-            if ids:
-                filled.append(row)
-                rows.append(ids)
-        if rows:
-            if self._ring:
-                rebuilt = reference.ring_block_table_repeat(rows, max_blocks=width)
-            else:
-                rebuilt = reference.block_table_per_row(rows, max_blocks=width, pad=pad)
-            expected[filled] = rebuilt.numpy()
-        known = np.array([ids is not None for ids in held], dtype=bool)
-        differs = (self._rows != expected) & known[:, None]
-        if differs.any():
-            row, column = (int(i) for i in np.argwhere(differs)[0])
-            raise StaleRowError(
-                f"verify: block-table row {row} column {column} holds "
-                f"{int(self._rows[row, column])}, but a rebuild of its ids through "
-                f"blockprep.reference gives {int(expected[row, column])}"
-            )
+        verify_table(self)
 
     def _verified(self, name: str, method: Callable[..., _T]) -> Callable[..., _T]:
         """``method``, then :meth:`verify` (the write has happened: the error says after what)."""
@@ -608,6 +569,21 @@ class BlockTable:
                 f"block-table row {index} is out of range for a table of {self._num_rows} rows"
             )
         return index
+
+    def _apply_row(self, kind: int, row: int, value: object) -> int | None:
+        """One row's change at once, counted (the kernel's ``apply_row``: ``kind`` a
+        ``blockprep.engine.rules.ROW_*``); the cells written, 0 for a hit, or ``None`` when it is
+        not a plain case (ids not a list of ints in range, a row not an int in range or of
+        unknown ids, ...): nothing done, the caller's general path decides and words errors."""
+        cells = self._kernel.apply_row(kind, row, value)
+        if cells:
+            self._dirty.add(row)
+            self._epoch += 1
+            self._misses += 1
+            self._cells += cells
+        elif cells == 0:
+            self._hits += 1
+        return cells
 
     def _render(self, plan: Any, want_rows: bool, rows: list[int] | None = None) -> tuple[int, int]:
         """Commit a kernel plan (and whatever clear marked) into the buffer, counted; ``(rows,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -97,6 +97,9 @@ class KernelPair(RuleBasedStateMachine):
         }
         self.counts = {k: np.zeros((rows, 2), np.int32) for k in ("c", "py")}
         self.committed: list[list[list[int] | None] | None] = [None] * slots
+        column = data.draw(st.integers(0, 1))  # apply_row renders into slot 0's table
+        self.c.bind(self.tables["c"][0], self.counts["c"], column)
+        self.py.bind(self.tables["py"][0], self.counts["py"], column)
 
     def _id(self, data: Any, r: int, p: int) -> Any:
         held = self.py.held(r)
@@ -333,6 +336,36 @@ class KernelPair(RuleBasedStateMachine):
         if out_c[1] is not None:
             return
         self._commit(data, out_c[0], out_py[0], 0)
+
+    @rule(data=st.data())
+    def apply_row(self, data: Any) -> None:
+        """One row's change at once (``apply_row``): mostly valid kinds, rows and values."""
+        rows = self.rows
+        kind = data.draw(st.sampled_from([0, 0, 1, 1, 2, 3, -1, 4, True, "a"]))
+        row = data.draw(st.sampled_from([*range(rows), *range(rows), -1, rows, True, 1.0]))
+        r = row if type(row) is int and 0 <= row < rows else 0
+        value: Any = None
+        if kind in (0, 1):
+            ids = self._row(data, r)
+            held = self.py.held(r) or []
+            appended = ids[len(held) :] if ids[: len(held)] == held else ids
+            value = appended if kind == 0 else ids
+            if data.draw(st.integers(0, 5)) == 0:
+                value = data.draw(st.sampled_from([tuple(value), None, np.array(value or [1])]))
+        elif kind == 2:
+            value = data.draw(st.sampled_from([*range(rows), -1, rows, None, 1.0]))
+        outs = []
+        for kernel in (self.c, self.py):
+            try:
+                outs.append(kernel.apply_row(kind, row, value))
+            except (TypeError, ValueError, RuntimeError) as error:
+                outs.append((type(error), str(error)))
+        assert outs[0] == outs[1], outs
+        event(f"apply_row: {'written' if outs[0] else repr(outs[0])[:9]}")
+        if type(outs[0]) is int and outs[0] > 0:  # row r of slot 0 rendered from what it holds
+            self.forgotten[0].discard(r)
+            if self.committed[0] is not None:
+                self.committed[0][r] = self.py.held(r)
 
     @rule(data=st.data())
     def clear(self, data: Any) -> None:

@@ -45,6 +45,7 @@ from blockprep.adapters.vllm_steps import (
 )
 from blockprep.block_table import BlockTable
 from blockprep.buffers import DeviceMirror, host_tensor, torch_device
+from blockprep.engine.rules import ROW_WHOLE
 from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
 from blockprep.wire import DeltaCursor
@@ -150,6 +151,7 @@ class VllmBlockTable:
             pin_memory=pin_memory,
         )
         self._mirror = DeviceMirror(self._table.tensor, self.device, separate=separate)
+        self._mirror_is_host = self._mirror.is_host
         self._host = self._table.tensor
         self._host_np = self._table.numpy()
         device_tensor = self._mirror.tensor
@@ -201,6 +203,8 @@ class VllmBlockTable:
         """Row ``row_idx`` holds ``block_ids`` (then 0), whatever it held before (an invalidated
         row included)."""
         table = self._table
+        if table._apply_row(ROW_WHOLE, row_idx, block_ids) is not None:  # plain ints: at once
+            return
         if not table.knows(row_idx):  # invalidated: written whole, its ids checked
             where = f"block-table row {row_idx}"
             table.write_row(row_idx, checked_ids(where, block_ids, 0, self.max_num_blocks_per_req))
@@ -312,9 +316,9 @@ class VllmBlockTable:
         """Make the device table's first ``num_reqs`` rows equal the host's (``non_blocking``)."""
         if type(num_reqs) is not int or not 0 <= num_reqs <= self.max_num_reqs:
             num_reqs = self._num_reqs(num_reqs)
-        dirty = self._table.take_dirty()
-        if self._mirror.is_host:
+        if self._mirror_is_host:  # nothing to copy (the table's dirty rows are left to it)
             return
+        dirty = self._table.take_dirty()
         stale = self._stale
         if dirty:
             stale.update(dirty)

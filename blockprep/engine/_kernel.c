@@ -90,8 +90,18 @@ PyObject *bk_fault(int code, Py_ssize_t row, PyObject *value)
 
 /* ---- the type -------------------------------------------------------------------------------- */
 
+/* Drop the buffers bind() holds. */
+static void unbind(GroupKernel *self)
+{
+    if (self->bound_table.obj) {
+        PyBuffer_Release(&self->bound_table);
+        PyBuffer_Release(&self->bound_counts);
+    }
+}
+
 static void kernel_dealloc(GroupKernel *self)
 {
+    unbind(self);
     PyMem_Free(self->held);
     PyMem_Free(self->lens);
     PyMem_Free(self->checked);
@@ -170,6 +180,7 @@ static int kernel_init(GroupKernel *self, PyObject *args, PyObject *kwds)
     PyMem_Free(self->marks);
     PyMem_Free(self->dirty);
     PyMem_Free(self->stamps);
+    unbind(self); /* bound to the old shape */
     self->held = held;
     self->lens = lens;
     self->checked = checked;
@@ -263,68 +274,80 @@ static void tile(int32_t *dst, const int32_t *ids, Py_ssize_t n, Py_ssize_t widt
     }
 }
 
+/* Render row r's mark in slot into table (row r's bit cleared, its mark CLEAN); the cells written,
+ * -1 when the row was not marked. */
+long long bk_render_row(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_ssize_t r)
+{
+    const Py_ssize_t W = self->width;
+    int32_t *mk = self->marks + (slot * self->rows + r) * MARK;
+    self->dirty[slot * BK_WORDS(self->rows) + r / 64] &= ~((uint64_t)1 << (r % 64));
+    if (mk[0] == CLEAN)
+        return -1;
+    long long cells = 0;
+    int32_t *row = table + r * W;
+    const int32_t *ids = self->held + r * self->stride;
+    Py_ssize_t n = self->lens[r];
+    int whole = mk[0] == WHOLE;
+    if (self->ring && !whole)
+        for (int32_t i = 0; i < mk[1]; i++) /* a ring position is below the ring length */
+            whole |= mk[2 + i] < 0 || mk[2 + i] >= n;
+    if (whole) {
+        if (self->ring && n > 0) {
+            tile(row, ids, n, W);
+        } else if (self->ring && n < 0) { /* unknown */
+            memset(row, 0, sizeof(int32_t) * (size_t)W);
+        } else if (self->ring) { /* cleared */
+            for (Py_ssize_t j = 0; j < W; j++)
+                row[j] = self->pad;
+        } else {
+            Py_ssize_t k = n < 0 ? 0 : n;
+            memcpy(row, ids, sizeof(int32_t) * (size_t)k);
+            for (Py_ssize_t j = k; j < W; j++)
+                row[j] = self->pad;
+        }
+        cells += W;
+    } else if (self->ring) {
+        for (int32_t i = 0; i < mk[1]; i++) {
+            Py_ssize_t p = mk[2 + i];
+            int32_t v = ids[p];
+            for (Py_ssize_t j = p; j < W; j += n)
+                row[j] = v;
+            cells += (W - 1 - p) / n + 1;
+        }
+    } else {
+        int32_t lo = 0, hi = 0;
+        if (mk[0] == SPAN) {
+            lo = mk[2];
+            hi = mk[3];
+        }
+        Py_ssize_t k = mk[0] == SPAN ? hi - lo : mk[1];
+        for (Py_ssize_t i = 0; i < k; i++) {
+            Py_ssize_t p = mk[0] == SPAN ? lo + i : mk[2 + i];
+            if (p < 0 || p >= W)
+                continue; /* never staged: marks are bounded by the width */
+            row[p] = p < n ? ids[p] : self->pad;
+            cells++;
+        }
+    }
+    mk[0] = CLEAN;
+    mk[1] = 0;
+    return cells;
+}
+
 /* Render slot's marked rows into table; returns the cells written, appends rows to `written`. */
 static long long render(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_ssize_t *count,
                         PyObject *written)
 {
-    const Py_ssize_t W = self->width;
     long long cells = 0;
     *count = 0;
-    uint64_t *dirty = self->dirty + slot * BK_WORDS(self->rows);
+    const uint64_t *dirty = self->dirty + slot * BK_WORDS(self->rows);
     for (Py_ssize_t w = 0; w < BK_WORDS(self->rows); w++) /* the marked rows, in row order */
     for (uint64_t bits = dirty[w]; bits; bits &= bits - 1) {
         Py_ssize_t r = w * 64 + __builtin_ctzll(bits);
-        int32_t *mk = self->marks + (slot * self->rows + r) * MARK;
-        dirty[w] &= ~((uint64_t)1 << (r % 64));
-        if (mk[0] == CLEAN)
+        long long row_cells = bk_render_row(self, slot, table, r); /* clears r's bit */
+        if (row_cells < 0)
             continue;
-        int32_t *row = table + r * W;
-        const int32_t *ids = self->held + r * self->stride;
-        Py_ssize_t n = self->lens[r];
-        int whole = mk[0] == WHOLE;
-        if (self->ring && !whole)
-            for (int32_t i = 0; i < mk[1]; i++) /* a ring position is below the ring length */
-                whole |= mk[2 + i] < 0 || mk[2 + i] >= n;
-        if (whole) {
-            if (self->ring && n > 0) {
-                tile(row, ids, n, W);
-            } else if (self->ring && n < 0) { /* unknown */
-                memset(row, 0, sizeof(int32_t) * (size_t)W);
-            } else if (self->ring) { /* cleared */
-                for (Py_ssize_t j = 0; j < W; j++)
-                    row[j] = self->pad;
-            } else {
-                Py_ssize_t k = n < 0 ? 0 : n;
-                memcpy(row, ids, sizeof(int32_t) * (size_t)k);
-                for (Py_ssize_t j = k; j < W; j++)
-                    row[j] = self->pad;
-            }
-            cells += W;
-        } else if (self->ring) {
-            for (int32_t i = 0; i < mk[1]; i++) {
-                Py_ssize_t p = mk[2 + i];
-                int32_t v = ids[p];
-                for (Py_ssize_t j = p; j < W; j += n)
-                    row[j] = v;
-                cells += (W - 1 - p) / n + 1;
-            }
-        } else {
-            int32_t lo = 0, hi = 0;
-            if (mk[0] == SPAN) {
-                lo = mk[2];
-                hi = mk[3];
-            }
-            Py_ssize_t k = mk[0] == SPAN ? hi - lo : mk[1];
-            for (Py_ssize_t i = 0; i < k; i++) {
-                Py_ssize_t p = mk[0] == SPAN ? lo + i : mk[2 + i];
-                if (p < 0 || p >= W)
-                    continue; /* never staged: marks are bounded by the width */
-                row[p] = p < n ? ids[p] : self->pad;
-                cells++;
-            }
-        }
-        mk[0] = CLEAN;
-        mk[1] = 0;
+        cells += row_cells;
         (*count)++;
         if (written) {
             PyObject *x = PyLong_FromSsize_t(r);
@@ -421,6 +444,33 @@ done:
     PyBuffer_Release(&table);
     PyBuffer_Release(&counts);
     return result;
+}
+
+/* bind(table, counts, column): the buffers apply_row renders into, as commit's for slot 0 (held
+ * until the next bind, a re-init or the kernel's end; the exporters cannot resize meanwhile). */
+static PyObject *kernel_bind(GroupKernel *self, PyObject *args)
+{
+    PyObject *table_obj, *counts_obj, *column_obj;
+    if (!PyArg_ParseTuple(args, "OOO:bind", &table_obj, &counts_obj, &column_obj))
+        return NULL;
+    long long column;
+    Py_buffer table, counts;
+    if (bk_busy(self) || get_table(table_obj, &table, self->rows, self->width, "table") < 0)
+        return NULL;
+    if (get_table(counts_obj, &counts, self->rows, -1, "counts") < 0) {
+        PyBuffer_Release(&table);
+        return NULL;
+    }
+    if (bk_int_arg(column_obj, "column", 0, counts.shape[1], &column) < 0) {
+        PyBuffer_Release(&table);
+        PyBuffer_Release(&counts);
+        return NULL;
+    }
+    unbind(self);
+    self->bound_table = table;
+    self->bound_counts = counts;
+    self->bound_column = (Py_ssize_t)column;
+    Py_RETURN_NONE;
 }
 
 static PyObject *kernel_invalidate(GroupKernel *self, PyObject *arg)
@@ -537,6 +587,10 @@ static PyMethodDef kernel_methods[] = {
      "stage_ops(rows, items, srcs, convert, data=None) -> (plan, None) or (None, (code, row, value))"},
     {"commit", (PyCFunction)kernel_commit, METH_VARARGS,
      "commit(plan, slot, table, counts, column, want_rows) -> (rows, cells, rows list or None)"},
+    {"bind", (PyCFunction)kernel_bind, METH_VARARGS,
+     "bind(table, counts, column): apply_row's buffers (commit's, for slot 0)"},
+    {"apply_row", (PyCFunction)(void (*)(void))bk_apply_row, METH_FASTCALL,
+     "apply_row(kind, row, value) -> cells written, or None: not decided here"},
     {"invalidate", (PyCFunction)kernel_invalidate, METH_O,
      "Mark every row of a slot (-1: every slot) whole."},
     {"reset", (PyCFunction)kernel_reset, METH_NOARGS, "Forget every row's ids."},

@@ -41,6 +41,10 @@ typedef struct {
     uint32_t *stamps;    /* [limit] generation stamps for the repeat check (NULL: limit too big) */
     uint32_t generation;
     int busy; /* inside stage or stage_ops: a callback calling back in is refused */
+    /* apply_row's slot-0 table and counts (bind): held views, released on dealloc or re-init;
+     * bound_table.obj NULL when none */
+    Py_buffer bound_table, bound_counts;
+    Py_ssize_t bound_column;
 } GroupKernel;
 
 /* ---- small helpers --------------------------------------------------------------------------- */
@@ -124,6 +128,8 @@ int bk_init_tags(void);
 void bk_mark_row(GroupKernel *self, Py_ssize_t r, const int32_t *change);
 void bk_mark_all(GroupKernel *self, Py_ssize_t slot);
 void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
+long long bk_render_row(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_ssize_t r);
+PyObject *bk_apply_row(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs); /* apply_row.c */
 PyObject *bk_stage(GroupKernel *self, PyObject *args);
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */

@@ -5,7 +5,9 @@ kernel; these are its pieces, one concept: what a step is checked against).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -19,6 +21,8 @@ TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE, OPS = 1, 2, 3, 4, 5, 6
 """Fault codes."""
 CLEAN, POSITIONS, SPAN, WHOLE = 0, 1, 2, 3
 """Slot marks: nothing to write, some positions, a paged range, the whole row."""
+ROW_APPEND, ROW_WHOLE, ROW_COPY, ROW_CLEAR = 0, 1, 2, 3
+"""``GroupKernel.apply_row`` kinds: ids appended, a whole row, a copy of a row, a clear."""
 MAX_POSITIONS = 4
 MAX_SLOTS = 1 << 16
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -199,3 +203,29 @@ def check_spec(
         raise ValueError(f"shortest must be in [0, width] and pad an int32, got {shortest}, {pad}")
     if not 0 <= rows <= INT32_MAX or not 0 < slots <= MAX_SLOTS:
         raise ValueError(f"rows must be in [0, 2**31) and slots in [1, 2**16], got {rows}, {slots}")
+
+
+def lists_at(rows: list[Any], key: object) -> list[Any]:
+    """``[row[key] for row in rows]``, every row an exact dict (``TypeError`` / ``KeyError``
+    naming the first that is not, or holds no ``key``)."""
+    n = len(rows)
+    if set(map(type, rows)) <= {dict}:  # the common case at C speed; any doubt: the loop
+        with suppress(KeyError):
+            lists = list(map(operator.itemgetter(key), rows))
+            if len(lists) == n == len(rows):  # else a key's __eq__ changed rows: the loop says
+                return lists
+    lists = []
+    for i in range(n):
+        if len(rows) != n:  # a key's __eq__ may change the caller's list
+            raise RuntimeError("the step changed while it was planned")
+        row = rows[i]
+        if type(row) is not dict:
+            raise TypeError(f"row {i} must be a dict, got {type(row).__name__}")
+        ids = row.get(key, _MISSING)
+        if ids is _MISSING:
+            raise KeyError(f"row {i} holds no {key!r}")
+        lists.append(ids)
+    return lists
+
+
+_MISSING = object()
