@@ -585,6 +585,23 @@ class BlockTable:
             self._hits += 1
         return cells
 
+    def _apply_step(self, finished: Any, appended: Any, added: Any, moves: Any) -> bool:
+        """A vLLM-like step of row changes at once, counted (the kernel's ``apply_step``: rows
+        ``finished`` cleared, ``appended`` ids appended, ``added`` rows whole, then ``moves``
+        copied in order); ``False`` when it is not a plain case: nothing done, the caller's
+        general path decides and words errors."""
+        out = self._kernel.apply_step(finished, appended, added, moves)
+        if out is None:
+            return False
+        cells, hits, written = out
+        if written:
+            self._dirty.update(written)
+            self._epoch += 1
+            self._misses += len(written)
+            self._cells += cells
+        self._hits += hits
+        return True
+
     def _render(self, plan: Any, want_rows: bool, rows: list[int] | None = None) -> tuple[int, int]:
         """Commit a kernel plan (and whatever clear marked) into the buffer, counted; ``(rows,
         cells)`` written (``rows``: the rows, when the caller knows them). Never raises."""

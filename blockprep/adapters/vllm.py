@@ -254,20 +254,25 @@ class VllmBlockTable:
         ``{row: ids}`` mappings or ``(row, ids)`` pairs (a row once in each, and not in both).
 
         Everything is checked before anything is written: an error leaves table, counts and
-        caches as they were. The writes are one :meth:`BlockTable.apply_deltas` call (a few NumPy
-        calls), then one row copy per move.
+        caches as they were. A step of lists of plain ints on rows whose ids the table knows is
+        checked and written by one kernel call (``GroupKernel.apply_step``); any other goes
+        through one :meth:`BlockTable.apply_deltas` call, then one row copy per move.
         """
-        commit = None if num_reqs is None else self._num_reqs(num_reqs)
+        if num_reqs is not None and (
+            type(num_reqs) is not int or not 0 <= num_reqs <= self.max_num_reqs
+        ):
+            num_reqs = self._num_reqs(num_reqs)
         table = self._table
-        truncate, append, pairs = step_deltas(
-            table, finished, step_items(appended, "appended"), step_items(added, "added"), moves
-        )
-        if truncate or append:
-            table.apply_deltas(truncate=truncate, append=append)
-        for src, tgt in pairs:  # rows checked: cannot raise
-            table.copy_row(src, tgt)
-        if commit is not None:
-            self.commit_block_table(commit)
+        if not table._apply_step(finished, appended, added, moves):  # plain ints: at once
+            truncate, append, pairs = step_deltas(
+                table, finished, step_items(appended, "appended"), step_items(added, "added"), moves
+            )
+            if truncate or append:
+                table.apply_deltas(truncate=truncate, append=append)
+            for src, tgt in pairs:  # rows checked: cannot raise
+                table.copy_row(src, tgt)
+        if num_reqs is not None and not self._mirror_is_host:
+            self.commit_block_table(num_reqs)
 
     def apply_packed(
         self,

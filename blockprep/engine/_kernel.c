@@ -591,6 +591,8 @@ static PyMethodDef kernel_methods[] = {
      "bind(table, counts, column): apply_row's buffers (commit's, for slot 0)"},
     {"apply_row", (PyCFunction)(void (*)(void))bk_apply_row, METH_FASTCALL,
      "apply_row(kind, row, value) -> cells written, or None: not decided here"},
+    {"apply_step", (PyCFunction)(void (*)(void))bk_apply_step, METH_FASTCALL,
+     "apply_step(finished, appended, added, moves) -> (cells, hits, rows written) or None"},
     {"invalidate", (PyCFunction)kernel_invalidate, METH_O,
      "Mark every row of a slot (-1: every slot) whole."},
     {"reset", (PyCFunction)kernel_reset, METH_NOARGS, "Forget every row's ids."},

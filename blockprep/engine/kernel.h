@@ -130,6 +130,7 @@ void bk_mark_all(GroupKernel *self, Py_ssize_t slot);
 void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
 long long bk_render_row(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_ssize_t r);
 PyObject *bk_apply_row(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs); /* apply_row.c */
+PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_stage(GroupKernel *self, PyObject *args);
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */
