@@ -195,6 +195,7 @@ class BlockTable:
         self._misses = 0
         self._cells = 0
         self._epoch = 0  # bumped by every write and invalidation: a plan's staleness check
+        self._pending: list[tuple[int, int, list[int]]] = []  # apply_step results, uncounted
         if verify:  # wrap this table's write methods; the class's own stay as fast as ever
             for name in _WRITE_METHODS:
                 setattr(self, name, self._verified(name, getattr(self, name)))
@@ -228,9 +229,13 @@ class BlockTable:
 
     @property
     def stats(self) -> BlockTableStats:
+        if self._pending:
+            self._fold()
         return BlockTableStats(self._hits, self._misses, self._cells)
 
     def reset_stats(self) -> None:
+        if self._pending:
+            self._fold()  # their rows are dirty still
         self._hits = self._misses = self._cells = 0
 
     @property
@@ -334,6 +339,8 @@ class BlockTable:
             self._raise_rows(rows, lists, fault)
         assert plan is not None
         changed = self._kernel.rows_of(plan)
+        if self._pending:
+            self._fold()
         return RowsPlan(self, self._epoch, changed, plan, len(rows) - len(changed))
 
     def commit(self, plan: RowsPlan) -> int:
@@ -343,6 +350,8 @@ class BlockTable:
         names the rows it writes: ``plan.rows``); a stale or foreign plan raises ``RuntimeError``
         and writes nothing.
         """
+        if self._pending:
+            self._fold()
         if plan.table is not self or plan.epoch != self._epoch:
             raise BlockprepRuntimeError(
                 "a block-table plan must be committed to its table before any write"
@@ -515,6 +524,8 @@ class BlockTable:
         :meth:`apply_packed` raises for records."""
         staged = self._deltas.plan_records(data, changes, whole)
         changed = self._kernel.rows_of(staged)
+        if self._pending:
+            self._fold()
         return RowsPlan(self, self._epoch, changed, staged, len(changes) - len(changed))
 
     # --- inspection ------------------------------------------------------------------------------
@@ -556,6 +567,8 @@ class BlockTable:
 
     def take_dirty(self) -> list[int]:
         """The rows written since the last call, ascending; the set starts empty again."""
+        if self._pending:
+            self._fold()
         dirty = sorted(self._dirty)
         self._dirty.clear()
         return dirty
@@ -593,14 +606,22 @@ class BlockTable:
         out = self._kernel.apply_step(finished, appended, added, moves)
         if out is None:
             return False
-        cells, hits, written = out
-        if written:
-            self._dirty.update(written)
-            self._epoch += 1
-            self._misses += len(written)
-            self._cells += cells
-        self._hits += hits
+        pending = self._pending  # counted when read (_fold): a step costs no Python bookkeeping
+        pending.append(out)
+        if len(pending) >= 64:
+            self._fold()
         return True
+
+    def _fold(self) -> None:
+        """Count the ``apply_step`` results not yet counted: rows dirty, stats, the epoch."""
+        for cells, hits, written in self._pending:
+            if written:
+                self._dirty.update(written)
+                self._epoch += 1
+                self._misses += len(written)
+                self._cells += cells
+            self._hits += hits
+        self._pending.clear()
 
     def _render(self, plan: Any, want_rows: bool, rows: list[int] | None = None) -> tuple[int, int]:
         """Commit a kernel plan (and whatever clear marked) into the buffer, counted; ``(rows,

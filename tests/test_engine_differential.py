@@ -362,7 +362,59 @@ class KernelPair(RuleBasedStateMachine):
                 outs.append((type(error), str(error)))
         assert outs[0] == outs[1], outs
         event(f"apply_row: {'written' if outs[0] else repr(outs[0])[:9]}")
-        if type(outs[0]) is int and outs[0] > 0:  # row r of slot 0 rendered from what it holds
+        if type(outs[0]) is int and outs[0] > 0:
+            self._rendered([r])
+
+    @rule(data=st.data())
+    def apply_step(self, data: Any) -> None:
+        """A scheduler step at once (``apply_step``): mostly plain rows and ids, sometimes not."""
+        if self.py.distinct:  # left to the caller, always
+            assert self.c.apply_step([0], [], [], []) is self.py.apply_step([0], [], [], []) is None
+            return
+        for r in range(self.rows):  # rows of unknown ids: most written whole first
+            ids = list(range(min(self.width, self.limit, max(self.shortest, r + 1))))
+            if self.py.length(r) < 0 and len(ids) >= self.shortest and data.draw(st.integers(0, 3)):
+                assert self.c.apply_row(1, r, ids) == self.py.apply_row(1, r, ids) == self.width
+                self._rendered([r])
+        known = [r for r in range(self.rows) if self.py.length(r) >= 0]
+        row = (
+            st.sampled_from(known)
+            if known and data.draw(st.integers(0, 5))
+            else st.sampled_from([*range(self.rows), -1, self.rows, True])
+        )
+        ids = st.lists(st.integers(0, self.limit - 1), max_size=3)
+        if not data.draw(st.integers(0, 5)):
+            ids = ids | st.sampled_from([None, [self.limit], [-1], (1,), [1.0]])
+        finished = data.draw(st.lists(row, max_size=2, unique=True))
+        appended: Any = data.draw(st.dictionaries(row, ids | st.none(), max_size=2))
+        added: Any = data.draw(st.dictionaries(row, ids, max_size=2))
+        for r in appended:
+            added.pop(r, None)
+        if data.draw(st.booleans()):
+            appended, added = list(appended.items()), list(added.items())
+        moves: Any = data.draw(st.lists(st.tuples(row, row), max_size=2))
+        if data.draw(st.integers(0, 3)):  # a move of a row onto itself: left to the caller
+            moves = [(src, tgt) for src, tgt in moves if src != tgt]
+        if self.ring and data.draw(st.booleans()):  # a ring row cannot be truncated to nothing
+            finished = []
+        if not data.draw(st.integers(0, 7)):  # a container of another kind
+            finished, moves = data.draw(
+                st.sampled_from([(finished, None), ({0}, moves), (finished, [(0,)]), ((), {})])
+            )
+        outs = []
+        for kernel in (self.c, self.py):
+            try:
+                outs.append(kernel.apply_step(finished, appended, added, moves))
+            except (TypeError, ValueError, RuntimeError) as error:
+                outs.append((type(error), str(error)))
+        assert outs[0] == outs[1], outs
+        event(f"apply_step: {'written' if outs[0] and outs[0][2] else repr(outs[0])[:9]}")
+        if type(outs[0]) is tuple and type(outs[0][2]) is list:
+            self._rendered(outs[0][2])
+
+    def _rendered(self, rows: list[int]) -> None:
+        """Rows rendered into slot 0 from what each holds (``apply_row``, ``apply_step``)."""
+        for r in rows:
             self.forgotten[0].discard(r)
             if self.committed[0] is not None:
                 self.committed[0][r] = self.py.held(r)

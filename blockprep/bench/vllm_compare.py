@@ -223,7 +223,13 @@ class _PerRow(_Stepper):
 
 class _Batched(_PerRow):
     def step(self, item: Step) -> None:
-        self.table.apply_step(**item)
+        self.table.apply_step(
+            finished=item["finished"],
+            appended=item["appended"],
+            added=item["added"],
+            moves=item["moves"],
+            num_reqs=item["num_reqs"],
+        )
 
 
 class _Packed(_PerRow):

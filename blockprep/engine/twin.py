@@ -71,9 +71,6 @@ from blockprep.engine.rules import (
     POSITIONS,
     RANGE,
     REPEAT,
-    ROW_APPEND,
-    ROW_CLEAR,
-    ROW_COPY,
     TYPE,
     WHOLE,
     Change,
@@ -93,6 +90,7 @@ from blockprep.engine.rules import (
     same_sizes,
     src_of,
 )
+from blockprep.engine.twin_rows import RowChanges
 from blockprep.tiling import tile_rows
 from blockprep.wire import DeltaMessageError, apply_ops
 
@@ -109,7 +107,7 @@ __all__ = [  # the fault codes and srcs values callers read from here
 ]
 
 
-class GroupKernel:
+class GroupKernel(RowChanges):
     """One group's held ids and per-slot marks (see the module docstring).
 
     Args: ``ring`` (else paged), ``width`` table columns, ``limit`` ids of a request in
@@ -519,71 +517,6 @@ class GroupKernel:
             for marks in self._marks:
                 marks[r] = merged(marks.get(r), mark, self.ring)
         return self._render(self._marks[slot], table, want)
-
-    def bind(
-        self, table: npt.NDArray[np.int32], counts: npt.NDArray[np.int32], column: int
-    ) -> None:
-        """The buffers :meth:`apply_row` renders into: :meth:`commit`'s arguments for slot 0."""
-        self._check_idle()
-        table = checked_array(table, (self.rows, self.width), "table")
-        counts = checked_array(counts, (self.rows, None), "counts")
-        self._bound = (table, counts, index_arg(column, counts.shape[1], "column"))
-
-    def apply_row(self, kind: int, row: int, value: object) -> int | None:
-        """One row's change at once: what :meth:`stage_ops` of row ``row`` then :meth:`commit`
-        into the :meth:`bind` buffers (slot 0) do, rendering only that row; the cells written
-        (0: it holds what it held). ``kind``: ``ROW_APPEND`` (the ids of the list ``value`` after
-        the row's), ``ROW_WHOLE`` (the row holds them), ``ROW_COPY`` (it holds what row ``value``
-        holds) or ``ROW_CLEAR`` (it holds none; ``value`` unread).
-
-        ``None``, nothing changed, for a case it leaves to the caller's general path: a row not
-        an int in range, a distinct kernel, ids not a list of ints in ``[0, limit)``, an append to
-        a row of unknown ids, a result of more than ``width`` or fewer than ``shortest`` ids, a
-        copy of the row itself or of a row holding no or unknown ids.
-        """
-        self._check_idle()
-        if self._bound is None:
-            raise RuntimeError("apply_row needs the buffers of bind() first")
-        if type(kind) is not int or not ROW_APPEND <= kind <= ROW_CLEAR:
-            raise ValueError(f"kind must be 0, 1, 2 or 3, got {kind!r}")
-        if type(row) is not int or not 0 <= row < self.rows or self.distinct:
-            return None
-        old = self._held[row]
-        if kind == ROW_CLEAR:
-            if old is not None and not old:
-                return 0
-            self.clear(row)
-            new: list[int] = []
-        else:
-            if kind == ROW_COPY:
-                src = self._held[value] if type(value) is int and 0 <= value < self.rows else None
-                if not src or value == row:
-                    return None
-                new = src[:]
-            elif type(value) is not list or not (
-                set(map(type, value)) <= INT_ONLY
-                and (not value or (min(value) >= 0 and max(value) < self.limit))
-            ):
-                return None
-            elif kind == ROW_APPEND:
-                if old is None:
-                    return None
-                if not value:
-                    return 0
-                new = old + value
-            else:
-                new = value[:]
-            if not self.shortest <= len(new) <= self.width:
-                return None
-            mark = self._mark(old, new)
-            if mark is None:
-                return 0
-            self._held[row], self._distinct[row] = new, False
-            for marks in self._marks:
-                marks[row] = merged(marks.get(row), mark, self.ring)
-        table, counts, column = self._bound
-        counts[row, column] = len(new)
-        return self._render({row: self._marks[0].pop(row)}, table, False)[1]
 
     def invalidate(self, slot: int) -> None:
         """Mark every row of slot ``slot`` (every slot: -1) whole."""
