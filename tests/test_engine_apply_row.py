@@ -256,3 +256,41 @@ def test_long_sequences_on_wide_rows_agree_with_a_rebuild(ring: bool, seed: int)
             else:
                 expected = ref.block_table_per_row([held], max_blocks=width, pad=PAD).numpy()[0]
             np.testing.assert_array_equal(table[r], expected)
+
+
+@pytest.mark.parametrize(("num_reqs", "block_size"), [(300, 16), (16, 128)])
+def test_scheduler_steps_agree_with_a_rebuild(num_reqs: int, block_size: int) -> None:
+    """``apply_step`` of a vLLM-like scheduler trace (:mod:`blockprep.bench.vllm_compare`'s: churn,
+    appends, new requests, rows moved into gaps; 300 rows take the compiled kernel's allocated
+    scratch, 16 its stack one) on both kernels: the same results, and after every step each
+    row's cells equal a :mod:`blockprep.reference` rebuild of the ids the scheduler holds."""
+    from blockprep.bench.vllm_compare import SEQ_LEN, SchedulerTrace
+
+    width = SEQ_LEN // block_size
+    made = []
+    for kernel in (compiled().GroupKernel, twin.GroupKernel):
+        k = kernel(False, width, 2**31, 0, 0, num_reqs, 1, distinct=False)
+        table, counts = np.full((num_reqs, width), 9, np.int32), np.zeros((num_reqs, 1), np.int32)
+        k.bind(table, counts, 0)
+        for r in range(num_reqs):  # every row known and empty, as a facade's table starts
+            assert k.apply_row(ROW_CLEAR, r, None) == width
+        made.append((k, table, counts))
+    trace = SchedulerTrace(num_reqs, block_size, seed=3)
+    lists: list[list[int]] = [[] for _ in range(num_reqs)]
+    for _ in range(60):
+        step = trace.step()
+        args = (step["finished"], step["appended"], step["added"], step["moves"])
+        outs = [k.apply_step(*args) for k, _, _ in made]
+        assert outs[0] == outs[1] and outs[0] is not None
+        for row in step["finished"]:
+            lists[row] = []
+        for row, ids in step["appended"]:
+            lists[row] = lists[row] + ids
+        for row, ids in step["added"]:
+            lists[row] = list(ids)
+        for src, tgt in step["moves"]:
+            lists[tgt] = list(lists[src])
+        expected = ref.block_table_per_row(lists, max_blocks=width, pad=0).numpy()
+        for _, table, counts in made:
+            np.testing.assert_array_equal(table, expected)
+            assert counts[:, 0].tolist() == [len(ids) for ids in lists]

@@ -300,11 +300,18 @@ PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nar
                           PySequence_Fast_GET_SIZE(args[i]) == 0;
     if (empty)
         return Py_BuildValue("(iiN)", 0, 0, PyList_New(0));
+    /* Per-row scratch: on the stack for tables of up to STACK_ROWS rows (a vLLM batch), else
+     * allocated (a step's cost is then the allocations' too). */
+    enum { STACK_ROWS = 256 };
+    uint8_t flags_s[STACK_ROWS];
+    int32_t sim_s[STACK_ROWS], touched_s[STACK_ROWS], wrote_s[2 * STACK_ROWS];
+    PyObject *lists_s[STACK_ROWS];
     const Py_ssize_t R = self->rows;
-    uint8_t *flags = PyMem_Calloc((size_t)R + 1, 1);
-    int32_t *sim = PyMem_Malloc(sizeof(int32_t) * ((size_t)R + 1));
-    int32_t *touched = PyMem_Malloc(sizeof(int32_t) * ((size_t)R + 1));
-    PyObject **lists = PyMem_Malloc(sizeof(PyObject *) * ((size_t)R + 1));
+    const int small = R <= STACK_ROWS;
+    uint8_t *flags = small ? flags_s : PyMem_Malloc((size_t)R + 1);
+    int32_t *sim = small ? sim_s : PyMem_Malloc(sizeof(int32_t) * ((size_t)R + 1));
+    int32_t *touched = small ? touched_s : PyMem_Malloc(sizeof(int32_t) * ((size_t)R + 1));
+    PyObject **lists = small ? lists_s : PyMem_Malloc(sizeof(PyObject *) * ((size_t)R + 1));
     PyObject *result = NULL, *rows = NULL;
     int32_t *wrote = NULL;
     Py_ssize_t nt = 0, most = 0;
@@ -312,13 +319,14 @@ PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nar
         PyErr_NoMemory();
         goto done;
     }
+    memset(flags, 0, (size_t)R);
     if (decide_step(self, args, flags, sim, lists, touched, &nt, &most)) {
         result = Py_NewRef(Py_None);
         goto done;
     }
     PyObject *moves = args[3];
     const Py_ssize_t nm = PySequence_Fast_GET_SIZE(moves);
-    wrote = PyMem_Malloc(sizeof(int32_t) * ((size_t)(nt + nm) + 1));
+    wrote = nt + nm <= 2 * STACK_ROWS ? wrote_s : PyMem_Malloc(sizeof(int32_t) * ((size_t)(nt + nm) + 1));
     if (!wrote) {
         PyErr_NoMemory();
         goto done;
@@ -367,10 +375,13 @@ PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nar
     result = Py_BuildValue("(LnO)", cells, hits, rows);
 done:
     Py_XDECREF(rows);
-    PyMem_Free(flags);
-    PyMem_Free(sim);
-    PyMem_Free(touched);
-    PyMem_Free(lists);
-    PyMem_Free(wrote);
+    if (!small) {
+        PyMem_Free(flags);
+        PyMem_Free(sim);
+        PyMem_Free(touched);
+        PyMem_Free(lists);
+    }
+    if (wrote != wrote_s)
+        PyMem_Free(wrote);
     return result;
 }
