@@ -300,7 +300,8 @@ class DeltaCursor:
             raise DeltaMessageError(
                 f"a block delta message needs a dict of rows, got {type(rows).__name__}"
             )
-        self.check_sequence(seq, base, bool(rows))
+        if base is not None and (base != self.last or seq < base or (seq == base and rows)):
+            self.check_sequence(seq, base, bool(rows))  # raises (the common case: no call)
         return seq, rows
 
     def check_sequence(self, seq: int, base: int | None, changes: bool) -> None:

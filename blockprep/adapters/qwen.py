@@ -413,9 +413,8 @@ class QwenDecodePreparer:
         checks row by row in Python, which beats the fixed cost of the array checks below
         ``row_loop_max`` rows; same results and errors."""
         seq_lens = tensor_values(batch.seq_lens, count)
-        block_ids, width, page_size = page_lists(batch), self.max_blocks, self.page_size
+        width, page_size = self.max_blocks, self.page_size
         table, max_seq_len = self._table, self.max_seq_len
-        page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
         items = None if step is None else step.items
         pages: list[Sequence[Any]] = []
         fast = None  # every row's slot when every row passes (None: the row loop decides)
@@ -424,13 +423,51 @@ class QwenDecodePreparer:
                 seq_lens, items, self._lengths, self._flat_table, width, page_size, max_seq_len
             )
         slots: list[int] = [] if fast is None else fast
+        if fast is None:
+            self._slot_rows(batch, seq_lens, items, count, slots, pages)
+        token_values = tensor_values(batch.token_ids, count)  # ints: its dtype was checked
+        self._tokens.check_int_tokens(token_values)
+        if items is None:
+            if self._copied:
+                wait_host_free(*self._copied)  # step N-1 copies done
+            table.write_rows(pages)  # the last check: every changed row before writing any
+            self._cursor.last = None
+            self._request_ids = None
+            self._request_rows = {}
+        else:
+            assert step is not None
+            plan = table.plan_rows(items) if items else None  # the last check
+            if self._copied:
+                wait_host_free(*self._copied)
+            if plan is not None:
+                table.commit(plan)
+            self._cursor.last = step.seq
+            if step.rows is not self._request_rows:  # requests joined, left or moved
+                self._request_ids = list(batch.request_ids)
+                self._request_rows = step.rows
+        self._write_rows(count, token_values, seq_lens, slots)
+        return self._inputs(count)
+
+    def _slot_rows(
+        self,
+        batch: DecodeBatch,
+        seq_lens: list[Any],
+        items: dict[int, Any] | None,
+        count: int,
+        slots: list[int],
+        pages: list[Sequence[Any]],
+    ) -> None:
+        """Upstream's row checks in its order, row by row, each row's slot appended to ``slots``
+        and (by value) its pages to ``pages``; for deltas, the rows as the table holds them with
+        the message's changes patched in."""
+        width, page_size, max_seq_len = self.max_blocks, self.page_size, self.max_seq_len
+        page_max = (INT32_MAX - page_size + 1) // page_size  # no slot of these overflows
         lists: Sequence[Sequence[Any] | None]
         if items is None:
+            block_ids = page_lists(batch)
             lists = block_ids if len(block_ids) == count else rows_of(block_ids, count)
-        elif fast is not None:  # every row passed: nothing left to check row by row
-            lists = []
         else:  # the rows as the table holds them, the message's changes patched in
-            lists = table.held_rows(count)
+            lists = self._table.held_rows(count)
             for row, ids in items.items():
                 lists[row] = ids
         for row, (seq_len, held) in enumerate(zip(seq_lens, lists, strict=False)):
@@ -456,25 +493,6 @@ class QwenDecodePreparer:
             else:  # raises what upstream's row check raises, or converts a NumPy integer
                 slots.append(decode_slot(row, row_pages, seq_len, page_size))
             pages.append(row_pages)
-        token_values = tensor_values(batch.token_ids, count)  # ints: its dtype was checked
-        self._tokens.check_int_tokens(token_values)
-        if items is None:
-            wait_host_free(*self._copied)  # step N-1 copies done
-            table.write_rows(pages)  # the last check: every changed row before writing any
-            self._cursor.last = None
-            self._request_ids = None
-            self._request_rows = {}
-        else:
-            assert step is not None
-            plan = table.plan_rows(items) if items else None  # the last check
-            wait_host_free(*self._copied)
-            if plan is not None:
-                table.commit(plan)
-            self._cursor.last = step.seq
-            self._request_ids = list(batch.request_ids)
-            self._request_rows = step.rows
-        self._write_rows(count, token_values, seq_lens, slots)
-        return self._inputs(count)
 
     def _verified_prepare(self, batch: DecodeBatch) -> QwenDecodeInputs:
         """:meth:`prepare`, then every buffer against a from-scratch rebuild (``verify=True``)."""
