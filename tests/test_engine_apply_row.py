@@ -27,14 +27,7 @@ def compiled() -> Any:
     return pytest.importorskip("blockprep.engine._kernel")
 
 
-@pytest.fixture(params=["c", "py"])
-def K(request: pytest.FixtureRequest) -> type:
-    if request.param == "c":
-        kernel: type = compiled().GroupKernel
-        return kernel
-    return twin.GroupKernel
-
-
+# K, each kernel class in turn: tests/conftest.py.
 ROWS, WIDTH, PAD = 4, 6, -1
 
 

@@ -69,14 +69,6 @@ def known(request: pytest.FixtureRequest, K: type, issue: str | None) -> None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"{issue}: {why}"))
 
 
-@pytest.fixture(params=["c", "py"])
-def K(request: pytest.FixtureRequest) -> type:
-    if request.param == "c":
-        kernel: type = compiled().GroupKernel
-        return kernel
-    return twin.GroupKernel
-
-
 def compiled() -> Any:
     return pytest.importorskip("blockprep.engine._kernel")
 

@@ -337,32 +337,30 @@ PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nar
      * below fails but the result's allocation (the buffers are then right, as commit's). */
     long long cells = 0;
     Py_ssize_t hits = 0, k = 0;
-    int32_t change[MARK];
-    for (Py_ssize_t i = 0; i < nt; i++) {
-        const Py_ssize_t r = touched[i];
-        const Py_ssize_t at = flags[r] & S_TRUNC ? 0 : self->lens[r];
-        PyObject *lst = flags[r] & (S_APP | S_ADDED) ? lists[r] : NULL;
-        const Py_ssize_t n = at + (lst ? PyList_GET_SIZE(lst) : 0);
-        const int32_t *base = self->held + r * self->stride;
+    for (Py_ssize_t i = 0; i < nt + nm; i++) { /* the touched rows, then each move in order */
+        Py_ssize_t r, at, n;
+        const int32_t *base;
+        PyObject *lst = NULL;
+        if (i < nt) {
+            r = touched[i];
+            at = flags[r] & S_TRUNC ? 0 : self->lens[r];
+            lst = flags[r] & (S_APP | S_ADDED) ? lists[r] : NULL;
+            n = at + (lst ? PyList_GET_SIZE(lst) : 0);
+            base = self->held + r * self->stride;
+        } else { /* a copy of what the source holds now */
+            PyObject *pair = PySequence_Fast_GET_ITEM(moves, i - nt);
+            const Py_ssize_t src = row_arg(self, PySequence_Fast_GET_ITEM(pair, 0));
+            r = row_arg(self, PySequence_Fast_GET_ITEM(pair, 1));
+            at = n = self->lens[src];
+            base = self->held + src * self->stride;
+        }
+        int32_t change[MARK] = {WHOLE, 0, 0, 0, 0, 0};
         if (!new_mark(self, r, base, at, lst, n, change)) {
             hits++;
             continue;
         }
         cells += commit_row(self, r, base, at, lst, n, change);
         wrote[k++] = (int32_t)r;
-    }
-    for (Py_ssize_t i = 0; i < nm; i++) {
-        PyObject *pair = PySequence_Fast_GET_ITEM(moves, i);
-        const Py_ssize_t src = row_arg(self, PySequence_Fast_GET_ITEM(pair, 0));
-        const Py_ssize_t tgt = row_arg(self, PySequence_Fast_GET_ITEM(pair, 1));
-        const Py_ssize_t n = self->lens[src];
-        const int32_t *base = self->held + src * self->stride;
-        if (!new_mark(self, tgt, base, n, NULL, n, change)) {
-            hits++;
-            continue;
-        }
-        cells += commit_row(self, tgt, base, n, NULL, n, change);
-        wrote[k++] = (int32_t)tgt;
     }
     if (!(rows = PyList_New(k)))
         goto done;

@@ -11,6 +11,7 @@ error. A step is decided whole before its first write.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import numpy as np
@@ -183,23 +184,22 @@ class RowChanges:
         if decided is None:
             return None
         rows, pairs = decided
+        held = self._held
+
+        def writes() -> Iterator[tuple[int, list[int]]]:  # a move reads what the rows hold then
+            yield from rows.items()
+            for src, tgt in pairs:
+                yield tgt, held[src][:]  # type: ignore[index]
+
         cells = hits = 0
         written: list[int] = []
-        for r, new in rows.items():
-            mark = self._mark(self._held[r], new)
+        for r, new in writes():
+            mark = self._mark(held[r], new)
             if mark is None:
                 hits += 1
                 continue
             cells += _commit_row(self, bound, r, new, mark)
             written.append(r)
-        for src, tgt in pairs:
-            new = self._held[src][:]  # type: ignore[index]
-            mark = self._mark(self._held[tgt], new)
-            if mark is None:
-                hits += 1
-                continue
-            cells += _commit_row(self, bound, tgt, new, mark)
-            written.append(tgt)
         return cells, hits, written
 
 
