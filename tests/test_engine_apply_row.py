@@ -150,6 +150,24 @@ def test_apply_row_rejects_malformed_arguments(K: type, args: tuple[Any, ...], e
     assert b.state() == before
 
 
+def test_both_kernels_word_a_missing_bind_alike() -> None:
+    """``apply_row`` and ``apply_step`` before ``bind``: the same ``RuntimeError`` text."""
+    spec = (False, WIDTH, 50, 0, PAD, ROWS, 1)
+    texts = []
+    for kernel in (compiled().GroupKernel, twin.GroupKernel):
+        k = kernel(*spec, distinct=False)
+        with pytest.raises(RuntimeError) as row_info:
+            k.apply_row(ROW_WHOLE, 0, [1])
+        with pytest.raises(RuntimeError) as step_info:
+            k.apply_step([], [], [], [])
+        texts += [str(row_info.value), str(step_info.value)]
+    assert texts[:2] == texts[2:]
+    assert texts[:2] == [
+        "apply_row needs the buffers of bind() first",
+        "apply_step needs the buffers of bind() first",
+    ]
+
+
 def test_apply_row_needs_bind_and_a_reinit_unbinds(K: type) -> None:
     k = K(False, WIDTH, 50, 0, PAD, ROWS, 1, distinct=False)
     with pytest.raises(RuntimeError, match="bind"):

@@ -124,7 +124,7 @@ static inline Py_ssize_t row_arg(GroupKernel *self, PyObject *o)
 
 PyObject *bk_apply_row(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (ready(self, nargs, 3, "apply_row(kind, row, value)") < 0)
+    if (ready(self, nargs, 3, "apply_row") < 0)
         return NULL;
     PyObject *value = args[2];
     long long kind = PyLong_CheckExact(args[0]) ? exact_value(args[0]) : -1;
@@ -288,7 +288,7 @@ static int decide_step(GroupKernel *self, PyObject *const *args, uint8_t *flags,
 
 PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (ready(self, nargs, 4, "apply_step(finished, appended, added, moves)") < 0)
+    if (ready(self, nargs, 4, "apply_step") < 0)
         return NULL;
     if (self->distinct)
         Py_RETURN_NONE;

@@ -66,10 +66,11 @@ def _row(self: _Kernel, row: object) -> int | None:
     return row if type(row) is int and 0 <= row < self.rows else None
 
 
-def _ready(self: _Kernel) -> Bound:
+def _ready(self: _Kernel, name: str) -> Bound:
+    """The bound buffers; the compiled kernel's errors when a stage is running or none are."""
     self._check_idle()
     if self._bound is None:
-        raise RuntimeError("apply_row needs the buffers of bind() first")
+        raise RuntimeError(f"{name} needs the buffers of bind() first")
     return self._bound
 
 
@@ -125,7 +126,7 @@ class RowChanges:
         of unknown ids, a result of more than ``width`` or fewer than ``shortest`` ids, a copy
         of the row itself or of a row holding no or unknown ids.
         """
-        bound = _ready(self)
+        bound = _ready(self, "apply_row")
         if type(kind) is not int or not ROW_APPEND <= kind <= ROW_CLEAR:
             raise ValueError(f"kind must be 0, 1, 2 or 3, got {kind!r}")
         r = _row(self, row)
@@ -174,7 +175,7 @@ class RowChanges:
         ``width`` or fewer than ``shortest`` ids, a move of a row onto itself or of a row holding
         no or unknown ids, a distinct kernel.
         """
-        bound = _ready(self)
+        bound = _ready(self, "apply_step")
         if self.distinct:
             return None
         steps = (finished, appended, added, moves)
