@@ -91,6 +91,12 @@ class PaddedTokenBuffer:
         """A NumPy view sharing the buffer's memory."""
         return self._rows
 
+    @property
+    def int_column(self) -> npt.NDArray[Any] | None:
+        """Column 0 (what a step writes) as a NumPy view when the buffer is int32 or int64, the
+        types a compiled writer takes; ``None`` for any other dtype."""
+        return self._column if self._wide else None
+
     def reset(self) -> None:
         """Zero the padding columns again (after anything else wrote the buffer)."""
         self._rows[:, 1:] = 0

@@ -293,6 +293,125 @@ def test_step_slots_refuse_alike(where: int, value: Any) -> None:
     assert got[0][0] != "ok", got
 
 
+TOKEN = st.one_of(
+    st.integers(-(2**31), 2**31 - 1),
+    st.sampled_from([-(2**31) - 1, 2**31, -(2**63), -(2**63) + 1, 2**63 - 1, 2**63, True, 1.0]),
+)
+
+
+def paged_outputs(rows: int, token_dtype: Any, out_dtype: Any) -> list[np.ndarray]:
+    """A token column (column 0 of a 2-D buffer, strided, as the token buffer's) and two flat
+    columns, each with spare cells past the rows, filled with a marker."""
+    return [
+        np.full((rows + 2, 3), 77, token_dtype)[:, 0],
+        np.full(rows + 1, 77, out_dtype),
+        np.full(rows + 3, 77, out_dtype),
+    ]
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    slot_steps(),
+    st.sampled_from([np.int32, np.int64]),
+    st.sampled_from([np.int32, np.int64]),
+    st.data(),
+)
+def test_paged_step_writes_the_model_or_nothing(
+    step: tuple[Any, ...], token_dtype: Any, out_dtype: Any, data: st.DataObject
+) -> None:
+    """True and the model's slots, the tokens and the lengths in the first rows when every row
+    passes and every token fits its column (int64's least value does not); otherwise False and
+    every cell as it was. Both implementations alike."""
+    seq_lens, items, lengths, table, width, page_size, max_seq_len = step
+    rows = len(seq_lens)
+    n_tokens = data.draw(st.sampled_from([rows, rows, rows, rows + 1, max(rows - 1, 0)]))
+    tokens = data.draw(st.lists(TOKEN, min_size=n_tokens, max_size=n_tokens))
+    slots = model_slots(*step)
+    info = np.iinfo(token_dtype)
+    fits = len(tokens) == rows and all(
+        type(t) is int and max(int(info.min), -(2**63) + 1) <= t <= int(info.max) for t in tokens
+    )
+    for module in IMPLEMENTATIONS:
+        out = paged_outputs(rows, token_dtype, out_dtype)
+        got = module.paged_step(
+            seq_lens, tokens, items, np.array(lengths, np.int32), np.array(table, np.int32),
+            width, page_size, max_seq_len, *out,
+        )  # fmt: skip
+        want = paged_outputs(rows, token_dtype, out_dtype)
+        if slots is not None and fits:
+            want[0][:rows], want[1][:rows], want[2][:rows] = tokens, seq_lens, slots
+        assert got is (slots is not None and fits), module.__name__
+        assert [o.tolist() for o in out] == [w.tolist() for w in want], module.__name__
+
+
+PAGED_ARGS: list[Any] = [
+    [3],
+    [9],
+    {},
+    np.array([1], np.int32),
+    np.array([5, 6], np.int32),
+    2,
+    4,
+    8,
+]
+PAGED_WRONG: list[tuple[int, Any]] = [
+    (0, (3,)),
+    (1, (9,)),
+    (1, None),
+    (2, [(0, [1])]),
+    (2, {"0": [1]}),
+    (3, np.array([1], np.int64)),
+    (4, None),
+    (5, 0),
+    (6, 2.0),
+    (7, 2**70),
+    (8, np.zeros(4, np.int16)),
+    (8, np.zeros(0, np.int32)),
+    (8, np.zeros((2, 2), np.int32)),
+    (8, np.zeros(4, np.float64)),
+    (8, np.zeros(4, np.int32).view(np.uint32)),
+    (8, [0, 0]),
+    (8, bytes(16)),
+    (9, np.zeros(4, np.int32)[::-1].copy().astype(">i4")),
+    (9, np.zeros(0, np.int64)),
+    (10, None),
+    (10, np.zeros(2, np.int64)[:0]),
+]
+
+
+@pytest.mark.parametrize("where,value", PAGED_WRONG)
+def test_paged_step_refuses_alike_and_writes_nothing(where: int, value: Any) -> None:
+    """Bad arguments: the same exception and message from both, in the same order (the
+    step_slots arguments, then the tokens, then each output), and nothing written."""
+    got = []
+    for module in IMPLEMENTATIONS:
+        out = [np.full(2, 5, np.int32), np.full(2, 5, np.int32), np.full(2, 5, np.int64)]
+        args = [*PAGED_ARGS, *out]
+        args[where] = value
+        got.append(call(module, "paged_step", *args))
+        assert [o.tolist() for o in out] == [[5, 5], [5, 5], [5, 5]]
+    assert got[0] == got[1]
+    assert got[0][0] != "ok", got
+
+
+def test_paged_step_of_a_step() -> None:
+    """Both rows from the table, then row 1 from a message; a token that does not fit; a
+    read-only output refused."""
+    for module in IMPLEMENTATIONS:
+        out = [np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, np.int64)]
+        args = (np.array([2, 2], np.int32), np.arange(8, dtype=np.int32), 4, 128, 1000)
+        assert module.paged_step([1, 129], [11, 12], {}, *args, *out) is True
+        assert [o.tolist() for o in out] == [[11, 12], [1, 129], [0, 5 * 128]]
+        assert module.paged_step([1, 129], [11, 12], {1: [6, 9]}, *args, *out) is True
+        assert out[2].tolist() == [0, 9 * 128]
+        assert module.paged_step([1, 129], [11, 2**31], {}, *args, *out) is False
+        assert out[0].tolist() == [11, 12]
+        frozen = np.zeros(2, np.int32)
+        frozen.flags.writeable = False
+        with pytest.raises(TypeError, match="seq_out must be a writable 1-D int32 or int64"):
+            module.paged_step([1, 129], [11, 12], {}, *args, out[0], frozen, out[2])
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.sampled_from([np.int32, np.int64]), st.integers(0, 3), st.data())
 def test_put_ints_equals_numpy_assignment(dtype: Any, spare: int, data: st.DataObject) -> None:

@@ -49,7 +49,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import assign_ints, step_slots
+from blockprep.engine import assign_ints, paged_step, step_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.packed import is_packed, unpack
@@ -416,6 +416,31 @@ class QwenDecodePreparer:
         width, page_size = self.max_blocks, self.page_size
         table, max_seq_len = self._table, self.max_seq_len
         items = None if step is None else step.items
+        column = self._tokens.int_column
+        if items is not None and not items and column is not None:  # no table row changes
+            token_values = tensor_values(batch.token_ids, count)
+            if self._copied:
+                wait_host_free(*self._copied)
+            if paged_step(
+                seq_lens,
+                token_values,
+                items,
+                self._lengths,
+                self._flat_table,
+                width,
+                page_size,
+                max_seq_len,
+                column,
+                self._seq_view,
+                self._slot_view,
+            ):  # every check passed and every value written: the step's bookkeeping
+                assert step is not None
+                self._cursor.last = step.seq
+                if step.rows is not self._request_rows:
+                    self._request_ids = list(batch.request_ids)
+                    self._request_rows = step.rows
+                self._pad_and_sync(count)
+                return self._inputs(count)
         pages: list[Sequence[Any]] = []
         fast = None  # every row's slot when every row passes (None: the row loop decides)
         if items is not None:  # the rows a message leaves alone read from the table
@@ -636,6 +661,12 @@ class QwenDecodePreparer:
         seq_view, slot_view = self._seq_view, self._slot_view
         assign_ints(seq_view, seq_lens)  # count values: lists (small batches) or arrays
         assign_ints(slot_view, slots)
+        self._pad_and_sync(count)
+
+    def _pad_and_sync(self, count: int) -> None:
+        """After a step's rows are written: the padding rows (``"replicate"``) and the device
+        copies of the rows written since the last step."""
+        seq_view, slot_view = self._seq_view, self._slot_view
         if count < self.max_batch_size and self.padding == "replicate":
             self._tokens.replicate(0, count)
             seq_view[count:] = seq_view[0]

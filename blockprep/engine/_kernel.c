@@ -662,8 +662,11 @@ static PyMethodDef module_methods[] = {
      "int_range(values, n) -> (min, max) of a 1-D int64 array's first n values"},
     {"decode_inputs", (PyCFunction)bk_decode_inputs, METH_VARARGS,
      "decode_inputs(source, tokens, seq, input_ids, position_ids, kv_seq_lens): a decode step's rows"},
-    {"step_slots", (PyCFunction)bk_step_slots, METH_VARARGS,
+    {"step_slots", (PyCFunction)(void (*)(void))bk_step_slots, METH_FASTCALL,
      "step_slots(seq_lens, items, lengths, table, width, page_size, max_seq_len) -> slots or None"},
+    {"paged_step", (PyCFunction)(void (*)(void))bk_paged_step, METH_FASTCALL,
+     "paged_step(seq_lens, tokens, items, lengths, table, width, page_size, max_seq_len, "
+     "token_out, seq_out, slot_out) -> bool: slots, tokens and lengths written, or nothing"},
     {"put_ints", (PyCFunction)bk_put_ints, METH_VARARGS,
      "put_ints(dst, values): dst[i] = values[i] for a list of ints, checked first"},
     {NULL, NULL, 0, NULL},

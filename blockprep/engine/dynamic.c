@@ -1,8 +1,9 @@
 /*
  * dynamic.c: a decode step's dynamic inputs in one call each (module functions of _kernel):
  * int_range (the smallest and largest of a 1-D int64 array's first n values), decode_inputs (per
- * table row, its request's token, position seq - 1 and KV length) and step_slots (a paged decode
- * step's slots, or None when a row fails a check). The twin (the specification) is
+ * table row, its request's token, position seq - 1 and KV length), step_slots (a paged decode
+ * step's slots, or None when a row fails a check), paged_step (those slots, the tokens and the
+ * lengths written into three columns in the same call) and put_ints. The twin (the specification) is
  * blockprep/engine/dynamic.py: same arguments, results, errors and messages.
  *
  * Why C: interleaved with other work, each NumPy call of a step costs it the cache lines of its
@@ -161,115 +162,264 @@ done:
     return result;
 }
 
-/* step_slots: each row's decode slot, or None at the first row that fails a check (the caller's
- * row loop then words the error). Only exact ints count as seq_lens and page ids; no Python code
- * runs once the arguments are read (the items are indexed by row first, borrowed from the dict,
- * which nothing can change before the loop ends), and every table read is inside the rows *
- * width cells checked first. */
-PyObject *bk_step_slots(PyObject *module, PyObject *args)
+/* A paged step's checked arguments (step_slots' first seven): the views held until
+ * paged_release. */
+typedef struct {
+    PyObject *seq_lens, *items;
+    long long width, page_size, max_seq_len;
+    Py_buffer lengths, table;
+    Py_ssize_t rows;
+} PagedArgs;
+
+/* Check o[0..6] (seq_lens, items, lengths, table, width, page_size, max_seq_len) into p, in the
+ * twin's order; -1 with the exception (and no view held) otherwise. */
+static int paged_args(PyObject *const *o, PagedArgs *p)
 {
-    PyObject *seq_lens, *items, *lengths_obj, *table_obj, *o[3];
     static const char *names[3] = {"width", "page_size", "max_seq_len"};
     long long a[3];
-    if (!PyArg_ParseTuple(args, "OOOOOOO:step_slots", &seq_lens, &items, &lengths_obj,
-                          &table_obj, &o[0], &o[1], &o[2]))
-        return NULL;
-    if (!PyList_CheckExact(seq_lens)) {
-        PyErr_Format(PyExc_TypeError, "seq_lens must be a list, got %s", bk_type_name(seq_lens));
-        return NULL;
+    p->seq_lens = o[0];
+    p->items = o[1];
+    if (!PyList_CheckExact(p->seq_lens)) {
+        PyErr_Format(PyExc_TypeError, "seq_lens must be a list, got %s", bk_type_name(o[0]));
+        return -1;
     }
-    if (!PyDict_CheckExact(items)) {
-        PyErr_Format(PyExc_TypeError, "items must be a dict, got %s", bk_type_name(items));
-        return NULL;
+    if (!PyDict_CheckExact(p->items)) {
+        PyErr_Format(PyExc_TypeError, "items must be a dict, got %s", bk_type_name(o[1]));
+        return -1;
     }
     for (int i = 0; i < 3; i++)
-        if (bk_int_arg(o[i], names[i], 1, (long long)INT32_MAX + 1, &a[i]) < 0)
-            return NULL;
-    const long long width = a[0], page_size = a[1], max_seq_len = a[2];
+        if (bk_int_arg(o[4 + i], names[i], 1, (long long)INT32_MAX + 1, &a[i]) < 0)
+            return -1;
+    p->width = a[0];
+    p->page_size = a[1];
+    p->max_seq_len = a[2];
     Py_ssize_t pos = 0;
     PyObject *key, *value;
-    while (PyDict_Next(items, &pos, &key, &value))
+    while (PyDict_Next(p->items, &pos, &key, &value))
         if (!PyLong_CheckExact(key)) {
             PyErr_Format(PyExc_TypeError, "items keys must be ints, got %s", bk_type_name(key));
-            return NULL;
+            return -1;
         }
-    Py_buffer lengths, table;
-    if (int_view(lengths_obj, &lengths, 4, 0, "lengths") < 0)
-        return NULL;
-    if (int_view(table_obj, &table, 4, 0, "table") < 0) {
-        PyBuffer_Release(&lengths);
-        return NULL;
+    if (int_view(o[2], &p->lengths, 4, 0, "lengths") < 0)
+        return -1;
+    if (int_view(o[3], &p->table, 4, 0, "table") < 0) {
+        PyBuffer_Release(&p->lengths);
+        return -1;
     }
-    const Py_ssize_t rows = PyList_GET_SIZE(seq_lens);
-    PyObject *result = NULL, **by_row = NULL;
-    if (lengths.shape[0] < rows) {
+    p->rows = PyList_GET_SIZE(p->seq_lens);
+    if (p->lengths.shape[0] < p->rows) {
         PyErr_Format(PyExc_ValueError, "lengths holds %zd rows, fewer than the %zd seq_lens",
-                     lengths.shape[0], rows);
-        goto done;
-    }
-    if (table.shape[0] / width < rows) {
+                     p->lengths.shape[0], p->rows);
+    } else if (p->table.shape[0] / p->width < p->rows) {
         PyErr_Format(PyExc_ValueError, "table holds %zd cells, fewer than %zd rows of %lld",
-                     table.shape[0], rows, width);
-        goto done;
+                     p->table.shape[0], p->rows, p->width);
+    } else {
+        return 0;
     }
-    if (PyDict_GET_SIZE(items)) { /* each row's new ids (borrowed; NULL: the table's row) */
+    PyBuffer_Release(&p->lengths);
+    PyBuffer_Release(&p->table);
+    return -1;
+}
+
+static void paged_release(PagedArgs *p)
+{
+    PyBuffer_Release(&p->lengths);
+    PyBuffer_Release(&p->table);
+}
+
+/* Each row's decode slot into slots[0..rows): 1 when every row passes, 0 at the first row that
+ * does not (the caller's row loop then words the error), -1 on no memory. Only exact ints count
+ * as seq_lens and page ids; no Python code runs here (the items are indexed by row first,
+ * borrowed from the dict, which nothing can change before the loop ends), and every table read is
+ * inside the rows * width cells paged_args checked. */
+static int paged_slots(const PagedArgs *p, long long *slots)
+{
+    const Py_ssize_t rows = p->rows;
+    const long long width = p->width, page_size = p->page_size;
+    PyObject **by_row = NULL;
+    if (PyDict_GET_SIZE(p->items)) { /* each row's new ids (borrowed; NULL: the table's row) */
         by_row = PyMem_Calloc(rows ? rows : 1, sizeof *by_row);
         if (!by_row) {
             PyErr_NoMemory();
-            goto done;
+            return -1;
         }
-        pos = 0;
-        while (PyDict_Next(items, &pos, &key, &value)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(p->items, &pos, &key, &value)) {
             long long row = exact_value(key);
             if (row >= 0 && row < rows && value != Py_None)
                 by_row[row] = value;
         }
     }
     const long long page_max = (INT32_MAX - page_size + 1) / page_size; /* no slot overflows */
-    PyObject *slots = PyList_New(rows);
-    if (!slots)
-        goto done;
-    for (Py_ssize_t row = 0; row < rows; row++) {
-        PyObject *s = PyList_GET_ITEM(seq_lens, row), *ids = by_row ? by_row[row] : NULL;
+    int passed = 1;
+    for (Py_ssize_t row = 0; passed && row < rows; row++) {
+        PyObject *s = PyList_GET_ITEM(p->seq_lens, row), *ids = by_row ? by_row[row] : NULL;
         long long seq_len = PyLong_CheckExact(s) ? exact_value(s) : 0, page = -1;
-        if (seq_len == BIG || seq_len < 1 || seq_len > max_seq_len)
-            goto doubt;
+        if (seq_len == BIG || seq_len < 1 || seq_len > p->max_seq_len) {
+            passed = 0;
+            break;
+        }
         long long position = seq_len - 1, index = position / page_size;
         if (!ids) { /* as the table holds it */
-            long long held = *(const int32_t *)((const char *)lengths.buf + row * lengths.strides[0]);
-            if (index >= held || index >= width)
-                goto doubt;
-            Py_ssize_t cell = (Py_ssize_t)(row * width + index); /* < rows * width <= cells */
-            int32_t x;
-            memcpy(&x, (const char *)table.buf + cell * table.strides[0], sizeof x);
-            page = x;
-        } else {
-            if (!PyList_CheckExact(ids) || PyList_GET_SIZE(ids) > width ||
-                index >= PyList_GET_SIZE(ids))
-                goto doubt;
-            PyObject *p = PyList_GET_ITEM(ids, index);
-            if (PyLong_CheckExact(p))
-                page = exact_value(p);
+            const char *at = (const char *)p->lengths.buf + row * p->lengths.strides[0];
+            int32_t held;
+            memcpy(&held, at, sizeof held);
+            if (index < held && index < width) {
+                Py_ssize_t cell = (Py_ssize_t)(row * width + index); /* < rows * width <= cells */
+                int32_t x;
+                memcpy(&x, (const char *)p->table.buf + cell * p->table.strides[0], sizeof x);
+                page = x;
+            }
+        } else if (PyList_CheckExact(ids) && PyList_GET_SIZE(ids) <= width &&
+                   index < PyList_GET_SIZE(ids)) {
+            PyObject *x = PyList_GET_ITEM(ids, index);
+            if (PyLong_CheckExact(x))
+                page = exact_value(x);
         }
         if (page == BIG || page < 0 || page > page_max)
-            goto doubt;
-        PyObject *slot = PyLong_FromLongLong(page * page_size + position - index * page_size);
-        if (!slot) {
-            Py_DECREF(slots);
-            goto done;
-        }
-        PyList_SET_ITEM(slots, row, slot);
+            passed = 0;
+        else
+            slots[row] = page * page_size + position - index * page_size;
     }
-    result = slots;
-    goto done;
-doubt:
-    Py_DECREF(slots);
-    result = Py_None;
-    Py_INCREF(result);
-done:
     PyMem_Free(by_row);
-    PyBuffer_Release(&lengths);
-    PyBuffer_Release(&table);
+    return passed;
+}
+
+/* Room for a step's slots: on the stack up to STACK_ROWS rows, else from the heap. */
+#define STACK_ROWS 256
+
+PyObject *bk_step_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "step_slots takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PagedArgs p;
+    if (paged_args(args, &p) < 0)
+        return NULL;
+    long long stack[STACK_ROWS], *slots = stack;
+    PyObject *result = NULL;
+    if (p.rows > STACK_ROWS && !(slots = PyMem_Malloc(sizeof *slots * (size_t)p.rows))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int passed = paged_slots(&p, slots);
+    if (passed < 0)
+        goto done;
+    if (!passed) {
+        result = Py_None;
+        Py_INCREF(result);
+        goto done;
+    }
+    PyObject *list = PyList_New(p.rows);
+    for (Py_ssize_t row = 0; list && row < p.rows; row++) {
+        PyObject *slot = PyLong_FromLongLong(slots[row]);
+        if (!slot)
+            Py_CLEAR(list);
+        else
+            PyList_SET_ITEM(list, row, slot);
+    }
+    result = list;
+done:
+    if (slots != stack)
+        PyMem_Free(slots);
+    paged_release(&p);
+    return result;
+}
+
+/* A writable 1-D int32 or int64 buffer of any stride with at least rows cells, as put_ints
+ * takes; its item size (4 or 8), or -1 with TypeError / ValueError (the twin's words). */
+static int int_column(PyObject *obj, Py_buffer *view, Py_ssize_t rows, const char *name)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "%s must be a writable 1-D int32 or int64 array", name);
+        return -1;
+    }
+    const int items = int_items(view);
+    if (view->ndim != 1 || !items) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_TypeError, "%s must be a writable 1-D int32 or int64 array", name);
+        return -1;
+    }
+    if (view->shape[0] < rows) {
+        PyErr_Format(PyExc_ValueError, "%s holds %zd cells, fewer than the %zd rows", name,
+                     view->shape[0], rows);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return items;
+}
+
+/* Cell i of a column of 4- or 8-byte ints (in its bounds: i < rows <= shape[0]). */
+static inline void put_cell(const Py_buffer *v, int items, Py_ssize_t i, long long value)
+{
+    char *cell = (char *)v->buf + i * v->strides[0];
+    if (items == 8) {
+        int64_t x = value;
+        memcpy(cell, &x, sizeof x);
+    } else {
+        int32_t x = (int32_t)value;
+        memcpy(cell, &x, sizeof x);
+    }
+}
+
+/* paged_step: a paged decode step that changes no table row, written in one call: step_slots'
+ * slots, then every token checked to fit token_out's type, then tokens, seq_lens and slots
+ * written into the three columns. False, nothing written, when a row fails step_slots' checks,
+ * tokens is not one exact int per row or a token does not fit (int64's least value counts as
+ * not fitting); the caller's general path then decides and words the error. */
+PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *names[3] = {"token_out", "seq_out", "slot_out"};
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "paged_step takes 11 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *const step_args[7] = {args[0], args[2], args[3], args[4], args[5], args[6], args[7]};
+    PagedArgs p;
+    if (paged_args(step_args, &p) < 0)
+        return NULL;
+    PyObject *tokens = args[1], *result = NULL;
+    Py_buffer out[3];
+    int items[3], held = 0;
+    long long stack[STACK_ROWS], *slots = stack;
+    if (!PyList_CheckExact(tokens)) {
+        PyErr_Format(PyExc_TypeError, "tokens must be a list, got %s", bk_type_name(tokens));
+        goto done;
+    }
+    for (; held < 3; held++)
+        if ((items[held] = int_column(args[8 + held], &out[held], p.rows, names[held])) < 0)
+            goto done;
+    if (p.rows > STACK_ROWS && !(slots = PyMem_Malloc(sizeof *slots * (size_t)p.rows))) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int passed = paged_slots(&p, slots);
+    if (passed < 0)
+        goto done;
+    passed = passed && PyList_GET_SIZE(tokens) == p.rows;
+    for (Py_ssize_t row = 0; passed && row < p.rows; row++) {
+        PyObject *x = PyList_GET_ITEM(tokens, row);
+        long long value = PyLong_CheckExact(x) ? exact_value(x) : BIG;
+        passed = value != BIG && (items[0] == 8 || (value >= -(long long)INT32_MAX - 1 &&
+                                                     value <= INT32_MAX));
+    }
+    if (passed) { /* nothing below fails: every cell is in its column (rows <= shape[0]) */
+        for (Py_ssize_t row = 0; row < p.rows; row++) {
+            put_cell(&out[0], items[0], row, exact_value(PyList_GET_ITEM(tokens, row)));
+            put_cell(&out[1], items[1], row, exact_value(PyList_GET_ITEM(p.seq_lens, row)));
+            put_cell(&out[2], items[2], row, slots[row]);
+        }
+    }
+    result = PyBool_FromLong(passed);
+done:
+    if (slots != stack)
+        PyMem_Free(slots);
+    while (held-- > 0)
+        PyBuffer_Release(&out[held]);
+    paged_release(&p);
     return result;
 }
 

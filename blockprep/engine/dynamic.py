@@ -1,6 +1,6 @@
 """A decode step's dynamic inputs in one call each, in pure Python and NumPy: the specification of
-``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs`` and ``step_slots``),
-and the fallback.
+``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs``, ``step_slots`` and
+``paged_step``), and the fallback.
 
 - :func:`int_range`: the smallest and largest of a 1-D int64 array's first ``n`` values (a step's
   shortest sequence and its last position, read once).
@@ -10,6 +10,9 @@ and the fallback.
 - :func:`step_slots`: a paged decode step's slot mapping (seed-semantics 2.3), each row's page
   read from a message's new list or from the table as it stands; ``None`` when a row fails
   upstream's checks (the caller's row loop words the error). It writes nothing.
+- :func:`paged_step`: a paged decode step that changes no table row, in one call: the slots of
+  :func:`step_slots`, the tokens checked to fit their column, then tokens, sequence lengths and
+  slots written; ``False``, nothing written, when any of it is in doubt.
 
 Arguments are buffer-protocol objects (NumPy arrays, ``memoryview``), read as they are (any
 stride for the 1-D inputs); the outputs must be C-contiguous and writable. Both implementations
@@ -233,3 +236,82 @@ def step_slots(
             return None
         slots.append(page * page_size + position - index * page_size)
     return slots
+
+
+def _column(obj: object, name: str, rows: int) -> npt.NDArray[Any]:
+    """A writable 1-D int32 or int64 array of any stride with at least ``rows`` cells (what the
+    compiled ``put_ints`` writes into); ``TypeError`` / ``ValueError`` otherwise."""
+    if (
+        type(obj) is np.ndarray
+        and obj.ndim == 1
+        and (obj.dtype is _NATIVE[4] or obj.dtype is _NATIVE[8])
+        and obj.flags.writeable
+    ):  # the common case; any other int32 or int64 array passes below
+        column = obj
+    else:
+        try:
+            view = memoryview(obj)  # type: ignore[arg-type]
+        except TypeError:
+            view = None
+        if (
+            view is None
+            or view.readonly
+            or view.ndim != 1
+            or view.format.lstrip("=<@") not in (_INT64 if view.itemsize == 8 else _INT32)
+            or view.itemsize not in (4, 8)
+        ):
+            raise TypeError(f"{name} must be a writable 1-D int32 or int64 array")
+        column = np.asarray(view)
+    if column.shape[0] < rows:
+        raise ValueError(f"{name} holds {column.shape[0]} cells, fewer than the {rows} rows")
+    return column
+
+
+def paged_step(
+    seq_lens: list[Any],
+    tokens: list[Any],
+    items: dict[int, Any],
+    lengths: object,
+    table: object,
+    width: int,
+    page_size: int,
+    max_seq_len: int,
+    token_out: object,
+    seq_out: object,
+    slot_out: object,
+) -> bool:
+    """A paged decode step that changes no table row, written in one call: when every row passes
+    :func:`step_slots` and ``tokens`` holds one int per row that fits ``token_out``'s type (int64's
+    least value counts as not fitting), writes ``token_out[r] = tokens[r]``, ``seq_out[r] =
+    seq_lens[r]`` and ``slot_out[r]`` = the row's slot for every row ``r`` and returns ``True``;
+    otherwise writes nothing and returns ``False`` (the caller's general path decides and words
+    the error).
+
+    Args:
+        seq_lens, items, lengths, table, width, page_size, max_seq_len: as :func:`step_slots`.
+        tokens: ``[A]`` list: each row's token.
+        token_out, seq_out, slot_out: writable 1-D int32 or int64 arrays (any stride) of at least
+            ``A`` cells.
+
+    Raises:
+        TypeError, IndexError, ValueError: as :func:`step_slots`; then ``tokens`` no list; then an
+            output of another kind or with fewer than ``A`` cells (named).
+    """
+    slots = step_slots(seq_lens, items, lengths, table, width, page_size, max_seq_len)
+    if type(tokens) is not list:
+        raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
+    rows = len(seq_lens)
+    out_tokens = _column(token_out, "token_out", rows)
+    out_seq = _column(seq_out, "seq_out", rows)
+    out_slots = _column(slot_out, "slot_out", rows)
+    if slots is None or len(tokens) != rows:
+        return False
+    wide = out_tokens.dtype.itemsize == 8
+    low, high = (-(2**63) + 1, 2**63 - 1) if wide else (-(2**31), INT32_MAX)
+    for token in tokens:
+        if type(token) is not int or not low <= token <= high:
+            return False
+    out_tokens[:rows] = tokens
+    out_seq[:rows] = seq_lens
+    out_slots[:rows] = slots
+    return True
