@@ -263,6 +263,24 @@ static PyObject *kernel_length(GroupKernel *self, PyObject *arg)
 
 /* Row r of the table: dst[j] = ids[j % n] by a doubling copy (the filled prefix, a multiple of
  * n long, copied onwards). */
+/* dst[0..n) = value: memset when every byte of value is the same (0 and -1, the pads upstream
+ * uses), else value doubled by memcpy as tile does (a plain loop is not vectorized at -O2: two
+ * instructions a cell, 5% of a cold DeepSeek step). */
+static void fill(int32_t *dst, Py_ssize_t n, int32_t value)
+{
+    if (n <= 0)
+        return;
+    if (value == 0 || value == -1) {
+        memset(dst, value & 0xFF, sizeof(int32_t) * (size_t)n);
+        return;
+    }
+    dst[0] = value;
+    for (Py_ssize_t filled = 1; filled < n; filled *= 2) {
+        Py_ssize_t c = filled < n - filled ? filled : n - filled;
+        memcpy(dst + filled, dst, sizeof(int32_t) * (size_t)c);
+    }
+}
+
 static void tile(int32_t *dst, const int32_t *ids, Py_ssize_t n, Py_ssize_t width)
 {
     memcpy(dst, ids, sizeof(int32_t) * (size_t)n);
@@ -302,13 +320,11 @@ static inline long long render_row(GroupKernel *self, Py_ssize_t slot, int32_t *
         } else if (self->ring && n < 0) { /* unknown */
             memset(row, 0, sizeof(int32_t) * (size_t)W);
         } else if (self->ring) { /* cleared */
-            for (Py_ssize_t j = 0; j < W; j++)
-                row[j] = self->pad;
+            fill(row, W, self->pad);
         } else {
             Py_ssize_t k = n < 0 ? 0 : n;
             memcpy(row, ids, sizeof(int32_t) * (size_t)k);
-            for (Py_ssize_t j = k; j < W; j++)
-                row[j] = self->pad;
+            fill(row + k, W - k, self->pad);
         }
         cells += W;
     } else if (self->ring) {

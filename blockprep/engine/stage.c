@@ -59,21 +59,34 @@ int bk_scratch_row(Scratch *s, Py_ssize_t n)
     return 0;
 }
 
+/* Room for records of need words in all (a hint: the records grow past it as they must). */
+int bk_scratch_reserve(Scratch *s, Py_ssize_t need)
+{
+    if (need <= s->cap)
+        return 0;
+    Py_ssize_t cap = s->cap ? s->cap : 1024;
+    while (cap < need) {
+        if (cap > PY_SSIZE_T_MAX / 2 / (Py_ssize_t)sizeof(int32_t)) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    int32_t *grown = PyMem_Realloc(s->out, sizeof(int32_t) * (size_t)cap);
+    if (!grown) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->out = grown;
+    s->cap = cap;
+    return 0;
+}
+
 int32_t *bk_scratch_record(Scratch *s, Py_ssize_t n)
 {
     Py_ssize_t need = s->used + HEADER + n;
-    if (need > s->cap) {
-        Py_ssize_t cap = s->cap ? s->cap : 1024;
-        while (cap < need)
-            cap *= 2;
-        int32_t *grown = PyMem_Realloc(s->out, sizeof(int32_t) * (size_t)cap);
-        if (!grown) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        s->out = grown;
-        s->cap = cap;
-    }
+    if (need > s->cap && bk_scratch_reserve(s, need) < 0)
+        return NULL;
     int32_t *rec = s->out + s->used;
     s->used = need;
     return rec;
@@ -531,6 +544,18 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
     self->busy = 1;
     Scratch s = {0};
     PyObject *fault_value = NULL, *result = NULL;
+    /* A first step (row 0 holds nothing yet): room for a record of each row that holds nothing
+     * (growing by doubling copied a cold DeepSeek step's records 3-4 times). A hint, the records
+     * grow past it as they must; a steady step skips the walk. */
+    Py_ssize_t words = 0;
+    int first = rows == Py_None && visits > 0 && self->lens[0] < 0;
+    for (Py_ssize_t i = 0; first && i < visits; i++) {
+        PyObject *lst = PyList_GET_ITEM(lists, i);
+        if (self->lens[i] < 0 && PyList_CheckExact(lst) && PyList_GET_SIZE(lst) <= self->width)
+            words += HEADER + PyList_GET_SIZE(lst); /* a longer row is a fault, never staged */
+    }
+    if (bk_scratch_reserve(&s, words) < 0)
+        goto done;
     for (Py_ssize_t i = 0; i < visits; i++) {
         long long r = i, src;
         /* rows, lists and srcs are the caller's: callbacks may change them. */

@@ -19,6 +19,7 @@ typedef struct {
 void bk_scratch_drop(Scratch *s, Py_ssize_t from);
 void bk_scratch_free(Scratch *s);
 int bk_scratch_row(Scratch *s, Py_ssize_t n);
+int bk_scratch_reserve(Scratch *s, Py_ssize_t need);
 int32_t *bk_scratch_record(Scratch *s, Py_ssize_t n);
 int bk_read_src(GroupKernel *self, PyObject *srcs, long long r, long long *src);
 PyObject *bk_finished_plan(Scratch *s);
