@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from blockprep import DecodeBatch
 from blockprep.adapters.qwen import QwenDecodePreparer
+from blockprep.adapters.qwen_batch import request_index
 from blockprep.reference import QwenDecodePrep97
 from blockprep.wire import BlockDeltaEncoder, DeltaMessageError, DeltaSequenceError
 
@@ -359,3 +360,33 @@ def test_block_table_plan_rows_then_commit() -> None:
     with pytest.raises(RuntimeError, match="committed"):
         table.commit(stale)
     table.check()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.integers(0, 30), min_size=1, max_size=12, unique=True),
+    st.data(),
+)
+def test_request_index_equals_a_rebuild(held: list[int], data: st.DataObject) -> None:
+    """The patched index is the one a rebuild makes (``dict(zip(ids, range))``), an id that
+    repeats is refused as the rebuild refuses it, and every row whose request is not the one the
+    held index puts there is visited. Ids are strings made anew, as after a round trip."""
+    held_ids: list[Any] = [f"r{k}" for k in held]
+    held_rows = {request: row for row, request in enumerate(held_ids)}
+    count = data.draw(st.sampled_from([len(held), len(held), max(1, len(held) - 1)]))
+    new_ids = [
+        "".join(f"r{k}")  # a new str object of the same value
+        for k in data.draw(st.lists(st.integers(0, 40), min_size=count, max_size=count))
+    ]
+    rebuilt = dict(zip(new_ids, range(count), strict=True))
+    try:
+        index, visit = request_index(new_ids, count, held_ids, held_rows)
+    except DeltaMessageError as error:
+        assert "repeat" in str(error)
+        assert len(rebuilt) != count
+        return
+    assert len(rebuilt) == count
+    assert index == rebuilt
+    moved = {row for row, request in enumerate(new_ids) if held_rows.get(request) != row}
+    assert moved <= set(visit)
+    assert held_rows == {request: row for row, request in enumerate(held_ids)}  # not changed

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn
 
@@ -36,6 +36,7 @@ from blockprep.adapters.qwen_batch import (
     int64_values,
     page_lists,
     raise_token_shape,
+    request_index,
     rows_of,
     tensor_values,
 )
@@ -579,31 +580,32 @@ class QwenDecodePreparer:
         fresh = message["base"] is None  # type: ignore[index]
         held_rows = {} if fresh else self._request_rows
         items: dict[int, Any] = {}
-        if not fresh and request_ids == self._request_ids:  # nobody joined, left or moved
+        held_ids = None if fresh else self._request_ids
+        visit: Iterable[int] = ()
+        if held_ids is not None and request_ids == held_ids:  # nobody joined, left or moved
             index = held_rows
         else:
-            index = dict(zip(request_ids, range(count), strict=True))
-            if len(index) != count:
-                raise DeltaMessageError("request ids repeat within a batch with block deltas")
-            for row, request in enumerate(request_ids):
-                old = held_rows.get(request)
-                if old == row:
-                    continue
-                if old is None:  # new to the worker: the message's whole list (checked below)
-                    if request not in deltas:
-                        raise DeltaMessageError(
-                            f"request {request!r} is new to the worker, but the message carries "
-                            "no block ids for it: send it whole"
-                        )
-                    items[row] = None
-                    continue
-                held = self._table.cached_ids(old)
-                if held is None:
+            index, visit = request_index(request_ids, count, held_ids, self._request_rows)
+        for row in visit:
+            request = request_ids[row]
+            old = held_rows.get(request)
+            if old == row:
+                continue
+            if old is None:  # new to the worker: the message's whole list (checked below)
+                if request not in deltas:
                     raise DeltaMessageError(
-                        f"the worker no longer holds the block ids of request {request!r}: "
-                        "reset the encoder and send every request whole"
+                        f"request {request!r} is new to the worker, but the message carries "
+                        "no block ids for it: send it whole"
                     )
-                items[row] = held
+                items[row] = None
+                continue
+            held = self._table.cached_ids(old)
+            if held is None:
+                raise DeltaMessageError(
+                    f"the worker no longer holds the block ids of request {request!r}: "
+                    "reset the encoder and send every request whole"
+                )
+            items[row] = held
         for request, ops in deltas.items():
             where = index.get(request)
             if where is None:
