@@ -463,3 +463,50 @@ def test_put_ints_refuses_a_read_only_buffer() -> None:
     with pytest.raises(TypeError, match="writable"):
         compiled.put_ints(dst, [1])
     assert dst.tolist() == [0, 0, 0]
+
+
+ID = st.one_of(
+    st.sampled_from(["r0", "r1", "r2", "a" * 40]).map(lambda s: "".join(s)),  # equal, not same
+    st.integers(-2, 3),
+    st.sampled_from([None, 1.0, float("nan"), (1, 2), True, b"r0"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(ID, ID), max_size=12), st.booleans())
+def test_differing_rows_equal_the_model(pairs: list[tuple[Any, Any]], as_tuple: bool) -> None:
+    """The rows where ``new[r] != old[r]``; ``None`` unless two lists of one length."""
+    new, old = [a for a, _ in pairs], [b for _, b in pairs]
+    want = [r for r, (a, b) in enumerate(pairs) if a != b]
+    for module in IMPLEMENTATIONS:
+        assert module.differing_rows(new, old) == want, module.__name__
+        assert module.differing_rows(new, new) == [r for r, a in enumerate(new) if a != a]
+        assert module.differing_rows(tuple(new) if as_tuple else new, [*old, 0]) is None
+        assert module.differing_rows(new, tuple(old)) is None
+
+
+class _Shrinking:
+    """An id whose ``!=`` empties the other list, or raises."""
+
+    def __init__(self, victim: list[Any] | None) -> None:
+        self.victim = victim
+
+    def __ne__(self, other: object) -> bool:
+        if self.victim is None:
+            raise ValueError("no comparison")
+        self.victim.clear()
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_differing_rows_survive_a_comparison_that_changes_the_lists() -> None:
+    """A ``!=`` that empties a list ends the walk (as two iterators end); one that raises goes up
+    from both."""
+    for module in IMPLEMENTATIONS:
+        old = ["x", "y", "z"]
+        assert module.differing_rows([_Shrinking(old), "y", "q"], old) == [0]
+        with pytest.raises(ValueError, match="no comparison"):
+            module.differing_rows(["x", _Shrinking(None)], ["x", "y"])
+        with pytest.raises(TypeError):
+            module.differing_rows(["x"])  # type: ignore[call-arg]

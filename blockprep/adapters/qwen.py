@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn
 
@@ -581,11 +581,7 @@ class QwenDecodePreparer:
         held_rows = {} if fresh else self._request_rows
         items: dict[int, Any] = {}
         held_ids = None if fresh else self._request_ids
-        visit: Iterable[int] = ()
-        if held_ids is not None and request_ids == held_ids:  # nobody joined, left or moved
-            index = held_rows
-        else:
-            index, visit = request_index(request_ids, count, held_ids, self._request_rows)
+        index, visit = request_index(request_ids, count, held_ids, self._request_rows)
         for row in visit:
             request = request_ids[row]
             old = held_rows.get(request)

@@ -19,6 +19,7 @@ import torch
 from blockprep.adapters.qwen_abi import QWEN3_PREPARED_ARGUMENTS, qwen3_prepared_arguments
 from blockprep.batch import DecodeBatch
 from blockprep.buffers import check_adopted, check_disjoint
+from blockprep.engine import differing_rows
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import NOT_ID_ROWS, has_integer_dtype
 from blockprep.wire import DeltaMessageError
@@ -157,8 +158,8 @@ def request_index(
     be the one the row held (every row when nothing is held: ``held_ids`` ``None``, a fresh
     message); ``held_rows`` is ``held_ids``' index, returned as it is when no row changed.
 
-    A batch with the last one's length is compared row by row (in C: ``map`` and ``compress``)
-    and the held index patched where rows differ: rebuilding it hashed every id each step, a
+    A batch with the last one's length is compared row by row (``engine.differing_rows``) and
+    the held index patched where rows differ: rebuilding it hashed every id each step, a
     quarter of a 256-request step that one request joined.
 
     Raises:
@@ -169,9 +170,11 @@ def request_index(
         if len(index) != count:
             raise DeltaMessageError("request ids repeat within a batch with block deltas")
         return index, range(count)
-    if request_ids == held_ids:  # nobody joined, left or moved
+    visit = differing_rows(request_ids, held_ids)  # None: request_ids is no list
+    if visit is None:
+        visit = list(compress(range(count), map(operator.ne, request_ids, held_ids)))
+    if not visit:  # nobody joined, left or moved
         return held_rows, ()
-    visit = list(compress(range(count), map(operator.ne, request_ids, held_ids)))
     index = held_rows.copy()
     for row in visit:  # the held ids are distinct: each leaves once
         del index[held_ids[row]]

@@ -6,8 +6,9 @@ Both provide ``GroupKernel`` with the same signatures and results (see
 - ``index_records``: the index of a packed message's records (the twin:
   :func:`blockprep.packed.index_records`);
 - ``int_range``, ``decode_inputs`` (a DeepSeek decode step's dynamic inputs), ``step_slots`` (a
-  paged decode step's slots) and ``paged_step`` (those slots, the tokens and the lengths written
-  in one call); the twin: :mod:`blockprep.engine.dynamic`;
+  paged decode step's slots), ``paged_step`` (those slots, the tokens and the lengths written
+  in one call) and ``differing_rows`` (where two lists of ids differ); the twin:
+  :mod:`blockprep.engine.dynamic`;
 - ``index_ops``, a grouped wire message's rows by group, and ``put_ints``, a list of ints written
   into an int32 or int64 column: ``None`` with the twin, where the callers' own code (the
   DeepSeek preparer's walk of the message, NumPy's assignment), which they speed up, runs and is
@@ -29,7 +30,13 @@ from blockprep.backend import FORCED_PURE_PYTHON
 from blockprep.engine import dynamic, twin
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
-    from blockprep.engine.dynamic import decode_inputs, int_range, paged_step, step_slots
+    from blockprep.engine.dynamic import (
+        decode_inputs,
+        differing_rows,
+        int_range,
+        paged_step,
+        step_slots,
+    )
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
 
@@ -42,12 +49,14 @@ elif FORCED_PURE_PYTHON:
     index_records, index_ops, put_ints = packed.index_records, None, None
     int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
     step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
+    differing_rows = dynamic.differing_rows
     BACKEND = "python"
 else:
     try:
         from blockprep.engine._kernel import (
             GroupKernel,
             decode_inputs,
+            differing_rows,
             index_ops,
             index_records,
             int_range,
@@ -64,6 +73,7 @@ else:
         index_records, index_ops, put_ints = packed.index_records, None, None
         int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
         step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
+        differing_rows = dynamic.differing_rows
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
         log.fallback(error)  # a WARNING record, once (not when forced)
@@ -90,6 +100,7 @@ __all__ = [
     "GroupKernel",
     "assign_ints",
     "decode_inputs",
+    "differing_rows",
     "index_ops",
     "index_records",
     "int_range",

@@ -683,6 +683,8 @@ static PyMethodDef module_methods[] = {
     {"paged_step", (PyCFunction)(void (*)(void))bk_paged_step, METH_FASTCALL,
      "paged_step(seq_lens, tokens, items, lengths, table, width, page_size, max_seq_len, "
      "token_out, seq_out, slot_out) -> bool: slots, tokens and lengths written, or nothing"},
+    {"differing_rows", (PyCFunction)(void (*)(void))bk_differing_rows, METH_FASTCALL,
+     "differing_rows(new, old) -> the rows r where new[r] != old[r], or None"},
     {"put_ints", (PyCFunction)bk_put_ints, METH_VARARGS,
      "put_ints(dst, values): dst[i] = values[i] for a list of ints, checked first"},
     {NULL, NULL, 0, NULL},

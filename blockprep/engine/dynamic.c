@@ -487,3 +487,52 @@ PyObject *bk_put_ints(PyObject *module, PyObject *args)
     PyBuffer_Release(&v);
     Py_RETURN_NONE;
 }
+
+/* differing_rows(new, old): the rows r where new[r] != old[r] (operator.ne, as the twin's map),
+ * for two exact lists of one length, in row order; None for anything else (the caller then
+ * compares itself). Exact str pairs are compared here (identity, then contents: what str's !=
+ * says); any other pair by its own !=, which may run Python code: both lists are read again at
+ * every row and the walk ends at the shorter, as two list iterators end. */
+PyObject *bk_differing_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "differing_rows takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *new = args[0], *old = args[1];
+    if (!PyList_CheckExact(new) || !PyList_CheckExact(old) ||
+        PyList_GET_SIZE(new) != PyList_GET_SIZE(old))
+        Py_RETURN_NONE;
+    PyObject *rows = PyList_New(0);
+    if (!rows)
+        return NULL;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(new) && r < PyList_GET_SIZE(old); r++) {
+        PyObject *x = PyList_GET_ITEM(new, r), *y = PyList_GET_ITEM(old, r);
+        int differ;
+        if (PyUnicode_CheckExact(x) && PyUnicode_CheckExact(y)) {
+            differ = x != y && PyUnicode_Compare(x, y) != 0; /* two strs: never fails */
+        } else {
+            Py_INCREF(x);
+            Py_INCREF(y);
+            PyObject *answer = PyObject_RichCompare(x, y, Py_NE);
+            Py_DECREF(x);
+            Py_DECREF(y);
+            differ = answer ? PyObject_IsTrue(answer) : -1;
+            Py_XDECREF(answer);
+        }
+        if (differ < 0)
+            goto fail;
+        if (differ) {
+            PyObject *row = PyLong_FromSsize_t(r);
+            if (!row || PyList_Append(rows, row) < 0) {
+                Py_XDECREF(row);
+                goto fail;
+            }
+            Py_DECREF(row);
+        }
+    }
+    return rows;
+fail:
+    Py_DECREF(rows);
+    return NULL;
+}

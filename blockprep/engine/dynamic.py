@@ -1,6 +1,6 @@
 """A decode step's dynamic inputs in one call each, in pure Python and NumPy: the specification of
-``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs``, ``step_slots`` and
-``paged_step``), and the fallback.
+``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs``, ``step_slots``,
+``paged_step`` and ``differing_rows``), and the fallback.
 
 - :func:`int_range`: the smallest and largest of a 1-D int64 array's first ``n`` values (a step's
   shortest sequence and its last position, read once).
@@ -10,6 +10,8 @@
 - :func:`step_slots`: a paged decode step's slot mapping (seed-semantics 2.3), each row's page
   read from a message's new list or from the table as it stands; ``None`` when a row fails
   upstream's checks (the caller's row loop words the error). It writes nothing.
+- :func:`differing_rows`: the rows where two lists of one length differ (a batch's request ids
+  against the last one's).
 - :func:`paged_step`: a paged decode step that changes no table row, in one call: the slots of
   :func:`step_slots`, the tokens checked to fit their column, then tokens, sequence lengths and
   slots written; ``False``, nothing written, when any of it is in doubt.
@@ -22,6 +24,8 @@ nothing) and raise the same exception types with the same messages.
 
 from __future__ import annotations
 
+import operator
+from itertools import compress
 from typing import Any
 
 import numpy as np
@@ -315,3 +319,12 @@ def paged_step(
     out_seq[:rows] = seq_lens
     out_slots[:rows] = slots
     return True
+
+
+def differing_rows(new: object, old: object) -> list[int] | None:
+    """The rows ``r`` where ``new[r] != old[r]``, in row order, for two lists (exactly) of one
+    length; ``None`` for anything else (the caller compares itself). An exception of a ``!=``
+    goes up."""
+    if type(new) is not list or type(old) is not list or len(new) != len(old):
+        return None
+    return list(compress(range(len(new)), map(operator.ne, new, old)))

@@ -139,6 +139,7 @@ PyObject *bk_int_range(PyObject *module, PyObject *args);     /* dynamic.c */
 PyObject *bk_decode_inputs(PyObject *module, PyObject *args);
 PyObject *bk_step_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *bk_differing_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_put_ints(PyObject *module, PyObject *args);
 
 #endif
