@@ -466,7 +466,9 @@ def test_put_ints_refuses_a_read_only_buffer() -> None:
 
 
 ID = st.one_of(
-    st.sampled_from(["r0", "r1", "r2", "a" * 40]).map(lambda s: "".join(s)),  # equal, not same
+    st.sampled_from(["r0", "r1", "r2", "a" * 40, "é", "é0", "日本", "日", "\U0001f600"]).map(
+        lambda s: "".join(s)  # equal, not the same object; 1-, 2- and 4-byte kinds
+    ),
     st.integers(-2, 3),
     st.sampled_from([None, 1.0, float("nan"), (1, 2), True, b"r0"]),
 )

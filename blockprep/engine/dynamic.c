@@ -510,7 +510,16 @@ PyObject *bk_differing_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
         PyObject *x = PyList_GET_ITEM(new, r), *y = PyList_GET_ITEM(old, r);
         int differ;
         if (PyUnicode_CheckExact(x) && PyUnicode_CheckExact(y)) {
-            differ = x != y && PyUnicode_Compare(x, y) != 0; /* two strs: never fails */
+            /* Equal strs have one length and one kind (PEP 393's canonical form): then memcmp. */
+#if PY_VERSION_HEX < 0x030C0000
+            if (PyUnicode_READY(x) < 0 || PyUnicode_READY(y) < 0) /* a legacy str, made ready */
+                goto fail;
+#endif
+            Py_ssize_t n = PyUnicode_GET_LENGTH(x);
+            differ = x != y && (n != PyUnicode_GET_LENGTH(y) ||
+                                PyUnicode_KIND(x) != PyUnicode_KIND(y) ||
+                                memcmp(PyUnicode_DATA(x), PyUnicode_DATA(y),
+                                       (size_t)n * PyUnicode_KIND(x)) != 0);
         } else {
             Py_INCREF(x);
             Py_INCREF(y);
