@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from blockprep import DecodeBatch
 from blockprep.adapters.qwen import QwenDecodePreparer
-from blockprep.adapters.qwen_batch import request_index
+from blockprep.adapters.qwen_deltas import request_index
 from blockprep.reference import QwenDecodePrep97
 from blockprep.wire import BlockDeltaEncoder, DeltaMessageError, DeltaSequenceError
 

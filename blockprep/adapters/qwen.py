@@ -21,7 +21,7 @@ import math
 import operator
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, NoReturn
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -36,10 +36,10 @@ from blockprep.adapters.qwen_batch import (
     int64_values,
     page_lists,
     raise_token_shape,
-    request_index,
     rows_of,
     tensor_values,
 )
+from blockprep.adapters.qwen_deltas import DeltaStep, delta_step
 from blockprep.adapters.qwen_verify import check_against_rebuild, verified_lists
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
@@ -53,11 +53,10 @@ from blockprep.buffers import (
 from blockprep.engine import assign_ints, paged_step, step_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
-from blockprep.packed import is_packed, unpack
 from blockprep.reference import QwenDecodePrep97
 from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
-from blockprep.wire import DeltaCursor, DeltaMessageError, apply_ops
+from blockprep.wire import DeltaCursor
 
 SAMPLED_IDS_PAD = 8
 """Token columns of upstream's compiled Qwen decode program today. Upstream reads it from the
@@ -408,7 +407,7 @@ class QwenDecodePreparer:
         return self._inputs(count)
 
     def _prepare_small(
-        self, batch: DecodeBatch, count: int, step: _DeltaStep | None
+        self, batch: DecodeBatch, count: int, step: DeltaStep | None
     ) -> QwenDecodeInputs:
         """A small batch (by value, or the rows a checked message ``step`` changes): upstream's
         checks row by row in Python, which beats the fixed cost of the array checks below
@@ -565,55 +564,17 @@ class QwenDecodePreparer:
 
     def _delta_step(
         self, message: object, request_ids: Sequence[Hashable], count: int
-    ) -> _DeltaStep:
-        """The new id lists of the rows a message changes, checked against what the worker holds
-        as of the last applied step; nothing changed. A :mod:`blockprep.packed` message is
-        read as the :mod:`blockprep.wire` one it stands for (a Qwen step's records are few)."""
-        if is_packed(message):
-            message = unpack(message, request_ids)
-        seq, deltas = self._cursor.check(message)
-        if len(request_ids) != count:
-            raise DeltaMessageError(
-                f"a batch with block deltas needs one request id per row, got "
-                f"{len(request_ids)} for {count} rows"
-            )
-        fresh = message["base"] is None  # type: ignore[index]
-        held_rows = {} if fresh else self._request_rows
-        items: dict[int, Any] = {}
-        held_ids = None if fresh else self._request_ids
-        index, visit = request_index(request_ids, count, held_ids, self._request_rows)
-        for row in visit:
-            request = request_ids[row]
-            old = held_rows.get(request)
-            if old == row:
-                continue
-            if old is None:  # new to the worker: the message's whole list (checked below)
-                if request not in deltas:
-                    raise DeltaMessageError(
-                        f"request {request!r} is new to the worker, but the message carries "
-                        "no block ids for it: send it whole"
-                    )
-                items[row] = None
-                continue
-            held = self._table.cached_ids(old)
-            if held is None:
-                raise DeltaMessageError(
-                    f"the worker no longer holds the block ids of request {request!r}: "
-                    "reset the encoder and send every request whole"
-                )
-            items[row] = held
-        for request, ops in deltas.items():
-            where = index.get(request)
-            if where is None:
-                raise DeltaMessageError(
-                    f"request {request!r} has block deltas but is not in the batch"
-                )
-            held = items[where] if where in items else self._table.cached_ids(where)
-            try:
-                items[where] = apply_ops(ops, held)
-            except DeltaMessageError as error:
-                raise DeltaMessageError(f"{error} (request {request!r})") from None
-        return _DeltaStep(seq, index, items)
+    ) -> DeltaStep:
+        """:func:`~blockprep.adapters.qwen_deltas.delta_step` on what this worker holds."""
+        return delta_step(
+            message,
+            request_ids,
+            count,
+            self._cursor,
+            self._request_ids,
+            self._request_rows,
+            self._table.cached_ids,
+        )
 
     def _raise_first_fault(
         self,
@@ -691,14 +652,6 @@ class QwenDecodePreparer:
                 slot_mapping=mirrors["slot_mapping"].tensor,
             )
         return inputs
-
-
-class _DeltaStep(NamedTuple):
-    """A checked message: its number, each request's row, the new ids of the rows it changes."""
-
-    seq: int
-    rows: dict[Hashable, int]
-    items: dict[int, Any]
 
 
 class QwenDecodeAdapter:

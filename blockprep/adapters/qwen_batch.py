@@ -2,14 +2,11 @@
 the adopted buffers against the recorded ABI, each row's pages, the token and length tensors.
 
 Every function raises upstream's message first, then the place, and writes nothing.
-:func:`request_index` places a delta batch's requests by row.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from itertools import compress
+from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -19,10 +16,8 @@ import torch
 from blockprep.adapters.qwen_abi import QWEN3_PREPARED_ARGUMENTS, qwen3_prepared_arguments
 from blockprep.batch import DecodeBatch
 from blockprep.buffers import check_adopted, check_disjoint
-from blockprep.engine import differing_rows
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import NOT_ID_ROWS, has_integer_dtype
-from blockprep.wire import DeltaMessageError
 
 INT64_MAX = 2**63 - 1
 
@@ -146,41 +141,3 @@ def int64_values(values: torch.Tensor, count: int) -> npt.NDArray[np.int64]:
     if flat.dtype.kind == "u" and flat.dtype.itemsize == 8:  # saturate, never wrap to negative
         flat = np.minimum(flat, np.uint64(INT64_MAX))
     return flat.astype(np.int64)
-
-
-def request_index(
-    request_ids: Sequence[Hashable],
-    count: int,
-    held_ids: list[Hashable] | None,
-    held_rows: dict[Hashable, int],
-) -> tuple[dict[Hashable, int], Iterable[int]]:
-    """Each request's row in a delta batch of ``count`` rows, and the rows whose request may not
-    be the one the row held (every row when nothing is held: ``held_ids`` ``None``, a fresh
-    message); ``held_rows`` is ``held_ids``' index, returned as it is when no row changed.
-
-    A batch with the last one's length is compared row by row (``engine.differing_rows``) and
-    the held index patched where rows differ: rebuilding it hashed every id each step, a
-    quarter of a 256-request step that one request joined.
-
-    Raises:
-        DeltaMessageError: an id repeats.
-    """
-    if held_ids is None or len(held_ids) != count:
-        index = dict(zip(request_ids, range(count), strict=True))
-        if len(index) != count:
-            raise DeltaMessageError("request ids repeat within a batch with block deltas")
-        return index, range(count)
-    visit = differing_rows(request_ids, held_ids)  # None: request_ids is no list
-    if visit is None:
-        visit = list(compress(range(count), map(operator.ne, request_ids, held_ids)))
-    if not visit:  # nobody joined, left or moved
-        return held_rows, ()
-    index = held_rows.copy()
-    for row in visit:  # the held ids are distinct: each leaves once
-        del index[held_ids[row]]
-    for row in visit:  # an id already placed (at a row that kept its id, or here) repeats
-        request = request_ids[row]
-        if request in index:
-            raise DeltaMessageError("request ids repeat within a batch with block deltas")
-        index[request] = row
-    return index, visit
