@@ -199,6 +199,7 @@ class QwenDecodePreparer:
         if "token_ids" not in adopted:
             claim_buffers(self, [("token_ids", self._tokens.tensor)], "QwenDecodePreparer")
         self.token_width = int(self._tokens.tensor.shape[1])
+        self._token_column = self._tokens.int_column  # paged_step's (None: another dtype)
         self._mirrors = {
             name: DeviceMirror(host, device)
             for name, host in (
@@ -333,8 +334,19 @@ class QwenDecodePreparer:
         message = getattr(batch, "block_deltas", None)  # upstream's DecodeBatch has none
         if message is not None and getattr(batch, "block_ids", None):  # as DeepSeek's
             raise BlockprepValueError("a Qwen batch carries block_ids or block_deltas, not both")
+        request_ids = batch.request_ids
         if count <= self.row_loop_max:
-            step = None if message is None else self._delta_step(message, batch.request_ids, count)
+            step = None
+            if message is not None:
+                step = delta_step(
+                    message,
+                    request_ids,
+                    count,
+                    self._cursor,
+                    self._request_ids,
+                    self._request_rows,
+                    self._table.cached_ids,
+                )
             return self._prepare_small(batch, count, step)
         rows: Sequence[Sequence[int]] | None
         if message is None:  # by value: every row is written (a hit costs one comparison)
@@ -351,7 +363,15 @@ class QwenDecodePreparer:
             lengths: npt.NDArray[Any] = np.array(row_lengths)
             step = None
         else:  # deltas: only the rows of requests that changed or moved
-            step = self._delta_step(message, batch.request_ids, count)
+            step = delta_step(
+                message,
+                request_ids,
+                count,
+                self._cursor,
+                self._request_ids,
+                self._request_rows,
+                self._table.cached_ids,
+            )
             items = step.items
             rows = None
             lengths = self._lengths[:count].astype(np.int64)  # the table's, patched
@@ -416,7 +436,7 @@ class QwenDecodePreparer:
         width, page_size = self.max_blocks, self.page_size
         table, max_seq_len = self._table, self.max_seq_len
         items = None if step is None else step.items
-        column = self._tokens.int_column
+        column = self._token_column
         if items is not None and not items and column is not None:  # no table row changes
             token_values = tensor_values(batch.token_ids, count)
             if self._copied:
@@ -439,7 +459,8 @@ class QwenDecodePreparer:
                 if step.rows is not self._request_rows:
                     self._request_ids = list(batch.request_ids)
                     self._request_rows = step.rows
-                self._pad_and_sync(count)
+                if self._copied or (count < self.max_batch_size and self.padding == "replicate"):
+                    self._pad_and_sync(count)
                 return self._inputs(count)
         pages: list[Sequence[Any]] = []
         fast = None  # every row's slot when every row passes (None: the row loop decides)
@@ -561,20 +582,6 @@ class QwenDecodePreparer:
         self._request_ids = None
         self._request_rows = {}
         self._sync_all()
-
-    def _delta_step(
-        self, message: object, request_ids: Sequence[Hashable], count: int
-    ) -> DeltaStep:
-        """:func:`~blockprep.adapters.qwen_deltas.delta_step` on what this worker holds."""
-        return delta_step(
-            message,
-            request_ids,
-            count,
-            self._cursor,
-            self._request_ids,
-            self._request_rows,
-            self._table.cached_ids,
-        )
 
     def _raise_first_fault(
         self,
