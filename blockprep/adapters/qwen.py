@@ -334,19 +334,18 @@ class QwenDecodePreparer:
         message = getattr(batch, "block_deltas", None)  # upstream's DecodeBatch has none
         if message is not None and getattr(batch, "block_ids", None):  # as DeepSeek's
             raise BlockprepValueError("a Qwen batch carries block_ids or block_deltas, not both")
-        request_ids = batch.request_ids
+        step = None
+        if message is not None:  # checked against what this worker holds: nothing changes
+            step = delta_step(
+                message,
+                batch.request_ids,
+                count,
+                self._cursor,
+                self._request_ids,
+                self._request_rows,
+                self._table.cached_ids,
+            )
         if count <= self.row_loop_max:
-            step = None
-            if message is not None:
-                step = delta_step(
-                    message,
-                    request_ids,
-                    count,
-                    self._cursor,
-                    self._request_ids,
-                    self._request_rows,
-                    self._table.cached_ids,
-                )
             return self._prepare_small(batch, count, step)
         rows: Sequence[Sequence[int]] | None
         if message is None:  # by value: every row is written (a hit costs one comparison)
@@ -361,17 +360,8 @@ class QwenDecodePreparer:
                 raise
             too_long = max(row_lengths) > self.max_blocks
             lengths: npt.NDArray[Any] = np.array(row_lengths)
-            step = None
         else:  # deltas: only the rows of requests that changed or moved
-            step = delta_step(
-                message,
-                request_ids,
-                count,
-                self._cursor,
-                self._request_ids,
-                self._request_rows,
-                self._table.cached_ids,
-            )
+            assert step is not None
             items = step.items
             rows = None
             lengths = self._lengths[:count].astype(np.int64)  # the table's, patched

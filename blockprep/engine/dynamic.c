@@ -289,6 +289,22 @@ static int paged_slots(const PagedArgs *p, long long *slots)
 /* Room for a step's slots: on the stack up to STACK_ROWS rows, else from the heap. */
 #define STACK_ROWS 256
 
+/* paged_slots into stack (rows <= STACK_ROWS) or a heap block in *slots (the caller frees it when
+ * it is not stack); paged_slots' answer, -1 on no memory too. */
+static int slots_into(const PagedArgs *p, long long *stack, long long **slots)
+{
+    *slots = stack;
+    if (p->rows > STACK_ROWS) {
+        long long *heap = PyMem_Malloc(sizeof *heap * (size_t)p->rows);
+        if (!heap) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *slots = heap;
+    }
+    return paged_slots(p, *slots);
+}
+
 PyObject *bk_step_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 7) {
@@ -300,11 +316,7 @@ PyObject *bk_step_slots(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return NULL;
     long long stack[STACK_ROWS], *slots = stack;
     PyObject *result = NULL;
-    if (p.rows > STACK_ROWS && !(slots = PyMem_Malloc(sizeof *slots * (size_t)p.rows))) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int passed = paged_slots(&p, slots);
+    int passed = slots_into(&p, stack, &slots);
     if (passed < 0)
         goto done;
     if (!passed) {
@@ -392,11 +404,7 @@ PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t narg
     for (; held < 3; held++)
         if ((items[held] = int_column(args[8 + held], &out[held], p.rows, names[held])) < 0)
             goto done;
-    if (p.rows > STACK_ROWS && !(slots = PyMem_Malloc(sizeof *slots * (size_t)p.rows))) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int passed = paged_slots(&p, slots);
+    int passed = slots_into(&p, stack, &slots);
     if (passed < 0)
         goto done;
     passed = passed && PyList_GET_SIZE(tokens) == p.rows;
