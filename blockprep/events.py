@@ -35,6 +35,7 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, cast
 
 from blockprep import backend
+from blockprep.engine import differing_rows
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.packed import (
     APPEND_RECORD,
@@ -128,6 +129,11 @@ class _Live:
         self.fresh = True  # started since the last message: goes whole, records none
 
 
+# A batch's placement: each handle's row, each row's handle, the rows sent whole with their
+# requests (in row order).
+_Placement = tuple[dict[int, int], list[int], list[tuple[int, "_Live"]]]
+
+
 class BlockEventRecorder:
     """Records a scheduler's block events and packs one message per step.
 
@@ -160,9 +166,9 @@ class BlockEventRecorder:
         self._free: list[int] = []  # handles of finished requests, reusable after a message
         self._released: list[int] = []
         self._handles = 0
-        self._previous: set[Hashable] = set()
         self._last_ids: list[Hashable] | None = None  # the last message's batch
         self._rows: dict[int, int] = {}  # its handles' batch rows (requests sent as records)
+        self._row_handles: list[int] = []  # per row of that batch, its request's handle
         self._next = 0
         self._base: int | None = None
 
@@ -354,11 +360,15 @@ class BlockEventRecorder:
             out: array[int] = array("i")
             count = self._remap(out, self._rows)
         else:
-            out, count, rows, every = self._whole_rows(request_ids)
+            placed = self._patched_rows(request_ids)
+            if placed is None:
+                placed = self._placed_rows(request_ids)
+            every, handles, whole = placed
+            out, count, rows = self._whole_records(every, whole)
             count += self._remap(out, rows)
-            self._previous = set(request_ids)
             self._last_ids = list(request_ids)
             self._rows = every
+            self._row_handles = handles
         result = message(self._next, self._base, count, _payload(out))
         self._base = self._next
         self._next += 1
@@ -371,12 +381,11 @@ class BlockEventRecorder:
         self._released = []
         return result
 
-    def _whole_rows(
-        self, request_ids: Sequence[Hashable]
-    ) -> tuple[array[int], int, dict[int, int], dict[int, int]]:
-        """The whole records of the batch's requests new to the worker, their count, the batch
-        row of every other request's handle, and of every request's (checked: every request
-        live, none twice)."""
+    def _placed_rows(self, request_ids: Sequence[Hashable]) -> _Placement:
+        """The batch's placement from every id: each handle's row, each row's handle, and the
+        rows sent whole with their requests, in row order (every row after a resync; else those
+        whose request is not the one the last message placed: new to it, or started again
+        since). Every request checked live, none twice."""
         live = self._live
         found = list(map(live.get, request_ids))  # C speed: a batch of hundreds
         if None in found:
@@ -384,28 +393,68 @@ class BlockEventRecorder:
             raise BlockprepValueError(
                 f"batch row {row}: request {request_ids[row]!r} is not live (start it first)"
             )
-        batch = set(request_ids)
-        if len(batch) != len(request_ids):
-            raise BlockprepValueError("request ids must be unique within a batch")
         states = cast(list[_Live], found)
-        every = dict(zip(map(_HANDLE, states), range(len(states)), strict=True))  # handle -> row
+        handles = list(map(_HANDLE, states))
+        every = dict(zip(handles, range(len(handles)), strict=True))  # handle -> row
+        if len(every) != len(handles):  # one request's state twice: its id repeats
+            raise BlockprepValueError("request ids must be unique within a batch")
         if self._base is None:
-            new_rows: list[int] = list(range(len(states)))
-        else:  # new to the worker: not in the last batch, or started since
-            new_rows = [every[live[r].handle] for r in batch.difference(self._previous)]
-            new_rows += [every[f.handle] for f in self._fresh if f.handle in every]
-            new_rows = sorted(set(new_rows))
+            return every, handles, list(enumerate(states))
+        last = self._rows  # a handle placed by the last message is that request still
+        whole = [(row, state) for row, state in enumerate(states) if handles[row] not in last]
+        return every, handles, whole
+
+    def _patched_rows(self, request_ids: Sequence[Hashable]) -> _Placement | None:
+        """:meth:`_placed_rows` from the last message's placement, looking up only the rows whose
+        id changed and those of requests finished since (a handle is only reused after a
+        message, so every other row holds the request it held); ``None`` when there is none to
+        patch (a resync, a first message, a batch of another length or no list)."""
+        last_ids = self._last_ids
+        if self._base is None or last_ids is None or len(last_ids) != len(request_ids):
+            return None
+        changed = differing_rows(request_ids, last_ids)
+        if changed is None:
+            return None
+        last = self._rows
+        if self._released:  # a request finished since (started again or not): look again
+            gone = {last[h] for h in self._released if h in last}
+            changed = sorted(gone.union(changed))
+        live = self._live
+        found = [live.get(request_ids[row]) for row in changed]
+        if None in found:
+            row = changed[found.index(None)]  # the first row not live: the others are
+            raise BlockprepValueError(
+                f"batch row {row}: request {request_ids[row]!r} is not live (start it first)"
+            )
+        every = last.copy()
+        handles = list(self._row_handles)
+        for row in changed:
+            del every[handles[row]]  # the handles of one batch are distinct: each leaves once
+        states = cast(list[_Live], found)
+        for row, state in zip(changed, states, strict=True):
+            if state.handle in every:  # placed at a row that kept it, or here already
+                raise BlockprepValueError("request ids must be unique within a batch")
+            every[state.handle] = row
+            handles[row] = state.handle
+        placed = zip(changed, states, strict=True)
+        return every, handles, [(row, state) for row, state in placed if state.handle not in last]
+
+    @staticmethod
+    def _whole_records(
+        every: dict[int, int], whole: list[tuple[int, _Live]]
+    ) -> tuple[array[int], int, dict[int, int]]:
+        """The whole records of the ``whole`` rows' requests (in row order), their count, and
+        the batch row of every other request's handle (the requests sent as records)."""
         out: array[int] = array("i")
         count = 0
         rows = every.copy()  # handle -> row, requests sent as records
-        for row in new_rows:
-            state = states[row]
+        for row, state in whole:
             for g, ids in enumerate(state.lists):
                 out.extend((WHOLE_RECORD, g, row, len(ids)))
                 out.fromlist(ids)
             count += len(state.lists)
             del rows[state.handle]
-        return out, count, rows, every
+        return out, count, rows
 
     def _remap(self, out: array[int], rows: dict[int, int]) -> int:
         """The step's records of the requests in ``rows`` appended to ``out``, each handle

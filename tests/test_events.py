@@ -583,3 +583,55 @@ def test_payload_is_little_endian_on_any_host(monkeypatch):
     assert native == np.array([1, 0, 0, 2, 1, 2**31 - 1], dtype="<i4").tobytes()
     swapped = np.frombuffer(native, dtype="<i4").astype(">i4").tobytes()
     assert made(True) == swapped  # what a big-endian host's native words become
+
+
+@pytest.mark.parametrize("groups", [None, GROUPS])
+@RANDOM
+@given(data=st.data())
+def test_recorder_messages_of_a_steady_batch(groups, data):
+    """A batch that keeps its length and changes a few rows a step (a request replaced, two
+    swapped, one finished and started again under its id), as a scheduler's does: the recorder
+    places it from the last message's placement; the worker's lists equal the scheduler's after
+    every message, a stale or repeated id is refused (the first row not live named) and changes
+    nothing."""
+    trace = Trace(data, groups)
+    worker = Worker(groups)
+    for _ in range(data.draw(st.integers(2, 8))):
+        trace.start()
+    batch = sorted(trace.truth)
+    for _ in range(data.draw(st.integers(1, 14))):
+        for _ in range(data.draw(st.integers(0, 4))):
+            kind = data.draw(st.sampled_from(["event", "restart", "finish"]))
+            request = data.draw(st.sampled_from(batch))
+            if kind == "event":
+                trace.event()
+            elif request in trace.truth:
+                trace.both("finish", request)
+                del trace.truth[request]
+                if kind == "restart":
+                    trace.start(request)  # the same id at the same row: a new request
+        change = data.draw(st.sampled_from(["keep", "replace", "swap", "stale", "repeat"]))
+        row = data.draw(st.integers(0, len(batch) - 1))
+        if change == "replace":
+            trace.start()
+            batch[row] = f"r{trace.counter}"
+        elif change == "swap":
+            other = data.draw(st.integers(0, len(batch) - 1))
+            batch[row], batch[other] = batch[other], batch[row]
+        elif change == "repeat" and len(batch) > 1:
+            bad = list(batch)
+            bad[row] = bad[row - 1]
+            if all(r in trace.truth for r in bad):
+                with pytest.raises(BlockprepValueError, match="unique"):
+                    trace.recorder.message(bad)
+        stale = [r for r, request in enumerate(batch) if request not in trace.truth]
+        if stale:
+            with pytest.raises(BlockprepValueError, match=f"batch row {stale[0]}: request"):
+                trace.recorder.message(list(batch))
+            for r in stale:  # the scheduler replaces what finished
+                trace.start()
+                batch[r] = f"r{trace.counter}"
+        message = trace.recorder.message(list(batch))
+        assert message == trace.twin.message(list(batch))
+        worker.apply(message, batch)
+        assert worker.rows == expected(trace.truth, batch, groups)
