@@ -342,6 +342,15 @@ def test_paged_step_writes_the_model_or_nothing(
             want[0][:rows], want[1][:rows], want[2][:rows] = tokens, seq_lens, slots
         assert got is (slots is not None and fits), module.__name__
         assert [o.tolist() for o in out] == [w.tolist() for w in want], module.__name__
+        checked = paged_outputs(rows, token_dtype, out_dtype)  # write=False: the checks alone
+        answer = module.paged_step(
+            seq_lens, tokens, items, np.array(lengths, np.int32), np.array(table, np.int32),
+            width, page_size, max_seq_len, *checked, data.draw(st.sampled_from([False, 0, ()])),
+        )  # fmt: skip
+        assert answer is got, module.__name__
+        assert [o.tolist() for o in checked] == [
+            o.tolist() for o in paged_outputs(rows, token_dtype, out_dtype)
+        ], module.__name__
 
 
 PAGED_ARGS: list[Any] = [
@@ -377,6 +386,23 @@ PAGED_WRONG: list[tuple[int, Any]] = [
     (10, None),
     (10, np.zeros(2, np.int64)[:0]),
 ]
+
+
+class _NoTruth:
+    def __bool__(self) -> bool:
+        raise ValueError("no truth value")
+
+
+def test_paged_step_reads_write_first() -> None:
+    """``write`` is read before anything else: an object without a truth value raises from both,
+    even with other arguments wrong, and nothing is written."""
+    for module in IMPLEMENTATIONS:
+        out = [np.full(2, 5, np.int32), np.full(2, 5, np.int32), np.full(2, 5, np.int64)]
+        args = [*PAGED_ARGS, *out, _NoTruth()]
+        args[0] = None
+        with pytest.raises(ValueError, match="no truth value"):
+            module.paged_step(*args)
+        assert [o.tolist() for o in out] == [[5, 5], [5, 5], [5, 5]]
 
 
 @pytest.mark.parametrize("where,value", PAGED_WRONG)

@@ -427,11 +427,10 @@ class QwenDecodePreparer:
         table, max_seq_len = self._table, self.max_seq_len
         items = None if step is None else step.items
         column = self._token_column
-        if items is not None and not items and column is not None:  # no table row changes
+        if items is not None and column is not None:  # deltas: checked and written in C
+            assert step is not None
             token_values = tensor_values(batch.token_ids, count)
-            if self._copied:
-                wait_host_free(*self._copied)
-            if paged_step(
+            args = (
                 seq_lens,
                 token_values,
                 items,
@@ -443,15 +442,24 @@ class QwenDecodePreparer:
                 column,
                 self._seq_view,
                 self._slot_view,
-            ):  # every check passed and every value written: the step's bookkeeping
-                assert step is not None
-                self._cursor.last = step.seq
-                if step.rows is not self._request_rows:
-                    self._request_ids = list(batch.request_ids)
-                    self._request_rows = step.rows
-                if self._copied or (count < self.max_batch_size and self.padding == "replicate"):
-                    self._pad_and_sync(count)
-                return self._inputs(count)
+            )
+            plan = None
+            if not items or paged_step(*args, False):  # every check but the table's
+                plan = table.plan_rows(items) if items else None  # the last check
+                if self._copied:
+                    wait_host_free(*self._copied)
+                if paged_step(*args):  # the same checks, then the writes
+                    if plan is not None:
+                        table.commit(plan)
+                    self._cursor.last = step.seq
+                    if step.rows is not self._request_rows:
+                        self._request_ids = list(batch.request_ids)
+                        self._request_rows = step.rows
+                    if self._copied or (
+                        count < self.max_batch_size and self.padding == "replicate"
+                    ):
+                        self._pad_and_sync(count)
+                    return self._inputs(count)
         pages: list[Sequence[Any]] = []
         fast = None  # every row's slot when every row passes (None: the row loop decides)
         if items is not None:  # the rows a message leaves alone read from the table

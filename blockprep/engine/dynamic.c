@@ -377,18 +377,22 @@ static inline void put_cell(const Py_buffer *v, int items, Py_ssize_t i, long lo
     }
 }
 
-/* paged_step: a paged decode step that changes no table row, written in one call: step_slots'
- * slots, then every token checked to fit token_out's type, then tokens, seq_lens and slots
- * written into the three columns. False, nothing written, when a row fails step_slots' checks,
- * tokens is not one exact int per row or a token does not fit (int64's least value counts as
- * not fitting); the caller's general path then decides and words the error. */
+/* paged_step: a paged decode step written in one call: step_slots' slots, then every token
+ * checked to fit token_out's type, then tokens, seq_lens and slots written into the three
+ * columns (with write false, the 12th argument, nothing is written: the checks alone, before a
+ * table plan). False, nothing written, when a row fails step_slots' checks, tokens is not one
+ * exact int per row or a token does not fit (int64's least value counts as not fitting); the
+ * caller's general path then decides and words the error. */
 PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     static const char *names[3] = {"token_out", "seq_out", "slot_out"};
-    if (nargs != 11) {
-        PyErr_Format(PyExc_TypeError, "paged_step takes 11 arguments (%zd given)", nargs);
+    if (nargs != 11 && nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "paged_step takes 11 or 12 arguments (%zd given)", nargs);
         return NULL;
     }
+    int write = 1;
+    if (nargs == 12 && (write = PyObject_IsTrue(args[11])) < 0)
+        return NULL;
     PyObject *const step_args[7] = {args[0], args[2], args[3], args[4], args[5], args[6], args[7]};
     PagedArgs p;
     if (paged_args(step_args, &p) < 0)
@@ -414,7 +418,7 @@ PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t narg
         passed = value != BIG && (items[0] == 8 || (value >= -(long long)INT32_MAX - 1 &&
                                                      value <= INT32_MAX));
     }
-    if (passed) { /* nothing below fails: every cell is in its column (rows <= shape[0]) */
+    if (passed && write) { /* nothing below fails: every cell is in its column (rows <= shape[0]) */
         for (Py_ssize_t row = 0; row < p.rows; row++) {
             put_cell(&out[0], items[0], row, exact_value(PyList_GET_ITEM(tokens, row)));
             put_cell(&out[1], items[1], row, exact_value(PyList_GET_ITEM(p.seq_lens, row)));

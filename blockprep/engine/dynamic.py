@@ -283,13 +283,15 @@ def paged_step(
     token_out: object,
     seq_out: object,
     slot_out: object,
+    write: object = True,
 ) -> bool:
-    """A paged decode step that changes no table row, written in one call: when every row passes
-    :func:`step_slots` and ``tokens`` holds one int per row that fits ``token_out``'s type (int64's
-    least value counts as not fitting), writes ``token_out[r] = tokens[r]``, ``seq_out[r] =
-    seq_lens[r]`` and ``slot_out[r]`` = the row's slot for every row ``r`` and returns ``True``;
-    otherwise writes nothing and returns ``False`` (the caller's general path decides and words
-    the error).
+    """A paged decode step written in one call: when every row passes :func:`step_slots` and
+    ``tokens`` holds one int per row that fits ``token_out``'s type (int64's least value counts as
+    not fitting), writes ``token_out[r] = tokens[r]``, ``seq_out[r] = seq_lens[r]`` and
+    ``slot_out[r]`` = the row's slot for every row ``r`` and returns ``True``; otherwise writes
+    nothing and returns ``False`` (the caller's general path decides and words the error). With
+    ``write`` false nothing is written either way: the checks alone (before a table plan, whose
+    commit comes between the two calls).
 
     Args:
         seq_lens, items, lengths, table, width, page_size, max_seq_len: as :func:`step_slots`.
@@ -301,6 +303,7 @@ def paged_step(
         TypeError, IndexError, ValueError: as :func:`step_slots`; then ``tokens`` no list; then an
             output of another kind or with fewer than ``A`` cells (named).
     """
+    write = bool(write)  # first, as the compiled call reads it
     slots = step_slots(seq_lens, items, lengths, table, width, page_size, max_seq_len)
     if type(tokens) is not list:
         raise TypeError(f"tokens must be a list, got {type(tokens).__name__}")
@@ -315,6 +318,8 @@ def paged_step(
     for token in tokens:
         if type(token) is not int or not low <= token <= high:
             return False
+    if not write:
+        return True
     out_tokens[:rows] = tokens
     out_seq[:rows] = seq_lens
     out_slots[:rows] = slots
