@@ -50,7 +50,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import assign_ints, paged_step, step_slots
+from blockprep.engine import BACKEND, assign_ints, paged_step, step_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.reference import QwenDecodePrep97
@@ -67,6 +67,11 @@ Padding = Literal["replicate", "untouched"]
 """What the rows past the active batch hold: ``"replicate"`` row 0 (upstream's fixed-batch kernel
 at ``9b1a264``), or ``"untouched"`` (upstream's newer dynamic-batch kernel, handed prefix views)."""
 
+
+COMPILED = BACKEND == "c"
+"""Whether the small delta path takes ``engine.paged_step``: compiled, one call beats the row
+checks and writes it replaces; the twin's (its specification, tested against it) costs more than
+the general path, which the pure-Python fallback keeps."""
 
 ROW_LOOP_MAX = 24
 """Batches of at most this many rows (by value or deltas) are checked row by row in Python
@@ -427,7 +432,7 @@ class QwenDecodePreparer:
         table, max_seq_len = self._table, self.max_seq_len
         items = None if step is None else step.items
         column = self._token_column
-        if items is not None and column is not None:  # deltas: checked and written in C
+        if items is not None and column is not None and COMPILED:  # deltas: in one or two calls
             assert step is not None
             token_values = tensor_values(batch.token_ids, count)
             args = (
