@@ -34,37 +34,17 @@ static inline int32_t id_at(const int32_t *base, Py_ssize_t at, PyObject *lst, P
 }
 
 /* The mark of a row that held old[0..om) (om >= 0; a ring row of the same length) and will hold
- * n ids, base[0..at) then lst's items: as stage.c's. 0 when no position differs. */
+ * n ids, base[0..at) then lst's items (bk_close_mark's rule, as stage.c's). 0 when no position
+ * differs. */
 static int row_change(GroupKernel *self, const int32_t *old, Py_ssize_t om, const int32_t *base,
                       Py_ssize_t at, PyObject *lst, Py_ssize_t n, int32_t *change)
 {
     Py_ssize_t shorter = n < om ? n : om, longer = n < om ? om : n, differ = 0;
     int32_t lo = -1, hi = -1;
-    for (Py_ssize_t p = 0; p < longer; p++) {
-        if (p < shorter && id_at(base, at, lst, p) == old[p])
-            continue;
-        if (differ < MAX_POSITIONS)
-            change[2 + differ] = (int32_t)p;
-        if (lo < 0)
-            lo = (int32_t)p;
-        hi = (int32_t)p + 1;
-        differ++;
-    }
-    if (!differ)
-        return 0;
-    if (differ <= MAX_POSITIONS) {
-        change[0] = POSITIONS;
-        change[1] = (int32_t)differ;
-    } else if (self->ring) {
-        change[0] = WHOLE;
-        change[1] = 0;
-    } else {
-        change[0] = SPAN;
-        change[1] = 0;
-        change[2] = lo;
-        change[3] = hi;
-    }
-    return 1;
+    for (Py_ssize_t p = 0; p < longer; p++)
+        if (p >= shorter || id_at(base, at, lst, p) != old[p])
+            bk_note_differ((int32_t)p, &differ, change, &lo, &hi);
+    return bk_close_mark(self, differ, lo, hi, change);
 }
 
 /* The mark of row r becoming n ids as above (WHOLE when its ids are unknown or a ring row's

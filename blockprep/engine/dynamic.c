@@ -3,8 +3,9 @@
  * int_range (the smallest and largest of a 1-D int64 array's first n values), decode_inputs (per
  * table row, its request's token, position seq - 1 and KV length), step_slots (a paged decode
  * step's slots, or None when a row fails a check), paged_step (those slots, the tokens and the
- * lengths written into three columns in the same call) and put_ints. The twin (the specification) is
- * blockprep/engine/dynamic.py: same arguments, results, errors and messages.
+ * lengths written into three columns in the same call), put_ints and differing_rows. The twin
+ * (the specification) is blockprep/engine/dynamic.py: same arguments, results, errors and
+ * messages.
  *
  * Why C: interleaved with other work, each NumPy call of a step costs it the cache lines of its
  * own machinery (a cold min() or fancy index: 10-30 us); int_range and decode_inputs replace seven

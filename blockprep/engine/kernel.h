@@ -100,6 +100,43 @@ static inline int small_value(PyObject *x, long long *v)
 #endif
 }
 
+/* ---- a row's change as a slot mark (MARK words: mode, count, p0..p3) ------------------------ */
+
+/* Note position p where a row's new ids differ from its old ones (positions in ascending order):
+ * the first MAX_POSITIONS into change[2..], the span's ends into *lo and *hi. */
+static inline void bk_note_differ(int32_t p, Py_ssize_t *differ, int32_t *change, int32_t *lo,
+                                  int32_t *hi)
+{
+    if (*differ < MAX_POSITIONS)
+        change[2 + *differ] = p;
+    if (*lo < 0)
+        *lo = p;
+    *hi = p + 1;
+    (*differ)++;
+}
+
+/* Close the mark of the differ positions noted: those positions (at most MAX_POSITIONS), else the
+ * whole row (a ring) or the span [lo, hi) (paged). 0 when no position differs. */
+static inline int bk_close_mark(const GroupKernel *self, Py_ssize_t differ, int32_t lo,
+                                int32_t hi, int32_t *change)
+{
+    if (!differ)
+        return 0;
+    if (differ <= MAX_POSITIONS) {
+        change[0] = POSITIONS;
+        change[1] = (int32_t)differ;
+    } else if (self->ring) {
+        change[0] = WHOLE;
+        change[1] = 0;
+    } else {
+        change[0] = SPAN;
+        change[1] = 0;
+        change[2] = lo;
+        change[3] = hi;
+    }
+    return 1;
+}
+
 /* ---- packed records (blockprep/packed.py): kind, group, row, n, then the values ------------ */
 
 enum { R_WHOLE = 1, R_APPEND = 2, R_SET = 3, R_TRUNCATE = 4, R_HEADER = 4 };

@@ -163,19 +163,6 @@ static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p)
     return PyLong_FromLongLong(s->vals[p]);
 }
 
-/* Position p differs from what the row held: the mark's positions (the first MAX_POSITIONS),
- * its range [lo, hi), the count. Positions come in increasing order. */
-static inline void note_differ(int32_t p, Py_ssize_t *differ, int32_t *pos, int32_t *lo,
-                               int32_t *hi)
-{
-    if (*differ < MAX_POSITIONS)
-        pos[*differ] = p;
-    if (*lo < 0)
-        *lo = p;
-    *hi = p + 1;
-    (*differ)++;
-}
-
 /* A row's ids with nothing held to compare with, read in one pass into vals: each an exact
  * compact int in range (a request's row: [0, limit); a padding row: int32) and, for a request's
  * row of a distinct kernel, not repeated (generation stamps). 1 when every id passed (the row
@@ -402,41 +389,29 @@ marked:
     /* The mark: what a slot holding a render of row r's held ids must write. */
     int32_t om = self->lens[r];
     const int32_t *old = self->held + r * stride;
-    int32_t mode, count = 0, pos[MAX_POSITIONS] = {0, 0, 0, 0}, lo = -1, hi = -1;
-    if (om < 0 || (self->ring && om != n)) {
-        mode = WHOLE;
-    } else {
+    int32_t change[MARK] = {WHOLE, 0, 0, 0, 0, 0};
+    if (!(om < 0 || (self->ring && om != n))) {
         Py_ssize_t shorter = n < om ? n : om, longer = n < om ? om : n, differ = 0;
+        int32_t lo = -1, hi = -1;
         if (base == old && om == n) { /* it stayed: only the changed positions can differ */
             for (Py_ssize_t i = 0; i < nchg; i++)
                 if (vals[s->chg[i]] != old[s->chg[i]])
-                    note_differ((int32_t)s->chg[i], &differ, pos, &lo, &hi);
+                    bk_note_differ((int32_t)s->chg[i], &differ, change, &lo, &hi);
         } else {
             for (Py_ssize_t p = 0; p < longer; p++)
                 if (p >= shorter || vals[p] != old[p])
-                    note_differ((int32_t)p, &differ, pos, &lo, &hi);
+                    bk_note_differ((int32_t)p, &differ, change, &lo, &hi);
         }
-        if (!differ)
+        if (!bk_close_mark(self, differ, lo, hi, change))
             return 0; /* it holds exactly what it held */
-        if (differ <= MAX_POSITIONS) {
-            mode = POSITIONS;
-            count = (int32_t)differ;
-        } else if (self->ring) {
-            mode = WHOLE;
-        } else {
-            mode = SPAN;
-            pos[0] = lo;
-            pos[1] = hi;
-        }
     }
     int32_t *rec = bk_scratch_record(s, n);
     if (!rec)
         return -1;
     rec[0] = (int32_t)r;
     rec[1] = (int32_t)n;
-    rec[2] = mode | (padding || !self->distinct ? 0 : CHECKED);
-    rec[3] = count;
-    memcpy(rec + 4, pos, sizeof pos);
+    rec[2] = change[0] | (padding || !self->distinct ? 0 : CHECKED);
+    memcpy(rec + 3, change + 1, sizeof(int32_t) * (MARK - 1)); /* count, p0..p3 */
     for (Py_ssize_t p = 0; p < n; p++)
         rec[HEADER + p] = (int32_t)vals[p];
     return 0;
