@@ -341,8 +341,9 @@ done:
     return result;
 }
 
-/* A writable 1-D int32 or int64 buffer of any stride with at least rows cells, as put_ints
- * takes; its item size (4 or 8), or -1 with TypeError / ValueError (the twin's words). */
+/* A writable 1-D int32 or int64 buffer of any stride with at least rows cells (put_ints' dst,
+ * paged_step's outputs); its item size (4 or 8), or -1 with TypeError / ValueError (the twin's
+ * words). */
 static int int_column(PyObject *obj, Py_buffer *view, Py_ssize_t rows, const char *name)
 {
     if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS) < 0) {
@@ -451,17 +452,9 @@ PyObject *bk_put_ints(PyObject *module, PyObject *args)
         return NULL;
     }
     Py_buffer v;
-    if (PyObject_GetBuffer(dst, &v, PyBUF_RECORDS) < 0) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "dst must be a writable 1-D int32 or int64 array");
+    const int items = int_column(dst, &v, 0, "dst"), wide = items == 8;
+    if (items < 0)
         return NULL;
-    }
-    const int items = int_items(&v), wide = items == 8;
-    if (v.ndim != 1 || !items) {
-        PyBuffer_Release(&v);
-        PyErr_SetString(PyExc_TypeError, "dst must be a writable 1-D int32 or int64 array");
-        return NULL;
-    }
     const Py_ssize_t n = PyList_GET_SIZE(values);
     if (n > v.shape[0]) {
         PyErr_Format(PyExc_ValueError, "%zd values for %zd cells", n, v.shape[0]);
@@ -486,17 +479,8 @@ PyObject *bk_put_ints(PyObject *module, PyObject *args)
             return NULL;
         }
     }
-    char *cell = v.buf;
-    for (Py_ssize_t i = 0; i < n; i++, cell += v.strides[0]) { /* i < shape[0]: in the buffer */
-        long long value = exact_value(PyList_GET_ITEM(values, i)); /* BIG: LLONG_MIN, checked */
-        if (wide) {
-            int64_t x = value;
-            memcpy(cell, &x, sizeof x);
-        } else {
-            int32_t x = (int32_t)value;
-            memcpy(cell, &x, sizeof x);
-        }
-    }
+    for (Py_ssize_t i = 0; i < n; i++) /* i < shape[0]: in the buffer; BIG: LLONG_MIN, checked */
+        put_cell(&v, items, i, exact_value(PyList_GET_ITEM(values, i)));
     PyBuffer_Release(&v);
     Py_RETURN_NONE;
 }
