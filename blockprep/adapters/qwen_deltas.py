@@ -5,9 +5,7 @@ row, and the new id lists of the rows the message changes. Nothing is written he
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from itertools import compress
 from typing import Any, NamedTuple
 
 from blockprep.engine import differing_rows
@@ -110,9 +108,9 @@ def request_index(
         if len(index) != count:
             raise DeltaMessageError("request ids repeat within a batch with block deltas")
         return index, range(count)
-    visit = differing_rows(request_ids, held_ids)  # None: request_ids is no list
-    if visit is None:
-        visit = list(compress(range(count), map(operator.ne, request_ids, held_ids)))
+    listed = request_ids if type(request_ids) is list else list(request_ids)
+    visit = differing_rows(listed, held_ids)  # two lists of one length: never None
+    assert visit is not None
     if not visit:  # nobody joined, left or moved
         return held_rows, ()
     index = held_rows.copy()
