@@ -134,6 +134,14 @@ class _Live:
 _Placement = tuple[dict[int, int], list[int], list[tuple[int, "_Live"]]]
 
 
+def _not_live(row: int, request: Hashable) -> BlockprepValueError:
+    return BlockprepValueError(f"batch row {row}: request {request!r} is not live (start it first)")
+
+
+def _repeated() -> BlockprepValueError:
+    return BlockprepValueError("request ids must be unique within a batch")
+
+
 class BlockEventRecorder:
     """Records a scheduler's block events and packs one message per step.
 
@@ -390,14 +398,12 @@ class BlockEventRecorder:
         found = list(map(live.get, request_ids))  # C speed: a batch of hundreds
         if None in found:
             row = found.index(None)
-            raise BlockprepValueError(
-                f"batch row {row}: request {request_ids[row]!r} is not live (start it first)"
-            )
+            raise _not_live(row, request_ids[row])
         states = cast(list[_Live], found)
         handles = list(map(_HANDLE, states))
         every = dict(zip(handles, range(len(handles)), strict=True))  # handle -> row
         if len(every) != len(handles):  # one request's state twice: its id repeats
-            raise BlockprepValueError("request ids must be unique within a batch")
+            raise _repeated()
         if self._base is None:
             return every, handles, list(enumerate(states))
         last = self._rows  # a handle placed by the last message is that request still
@@ -423,9 +429,7 @@ class BlockEventRecorder:
         found = [live.get(request_ids[row]) for row in changed]
         if None in found:
             row = changed[found.index(None)]  # the first row not live: the others are
-            raise BlockprepValueError(
-                f"batch row {row}: request {request_ids[row]!r} is not live (start it first)"
-            )
+            raise _not_live(row, request_ids[row])
         every = last.copy()
         handles = list(self._row_handles)
         for row in changed:
@@ -433,7 +437,7 @@ class BlockEventRecorder:
         states = cast(list[_Live], found)
         for row, state in zip(changed, states, strict=True):
             if state.handle in every:  # placed at a row that kept it, or here already
-                raise BlockprepValueError("request ids must be unique within a batch")
+                raise _repeated()
             every[state.handle] = row
             handles[row] = state.handle
         placed = zip(changed, states, strict=True)
