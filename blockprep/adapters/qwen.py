@@ -410,14 +410,7 @@ class QwenDecodePreparer:
         wait_host_free(*self._copied)  # step N-1 copies done
         if plan is not None:
             self._table.commit(plan)
-        if step is None:
-            self._cursor.last = None
-            self._request_ids = None
-            self._request_rows = {}
-        else:
-            self._cursor.last = step.seq
-            self._request_ids = list(batch.request_ids)
-            self._request_rows = step.rows
+        self._took(step, batch.request_ids)
         self._write_rows(count, token_values, seq, slots)
         return self._inputs(count)
 
@@ -448,7 +441,6 @@ class QwenDecodePreparer:
                 self._seq_view,
                 self._slot_view,
             )
-            plan = None
             if not items or paged_step(*args, False):  # every check but the table's
                 plan = table.plan_rows(items) if items else None  # the last check
                 if self._copied:
@@ -456,10 +448,7 @@ class QwenDecodePreparer:
                 if paged_step(*args):  # the same checks, then the writes
                     if plan is not None:
                         table.commit(plan)
-                    self._cursor.last = step.seq
-                    if step.rows is not self._request_rows:
-                        self._request_ids = list(batch.request_ids)
-                        self._request_rows = step.rows
+                    self._took(step, batch.request_ids)
                     if self._copied or (
                         count < self.max_batch_size and self.padding == "replicate"
                     ):
@@ -480,9 +469,6 @@ class QwenDecodePreparer:
             if self._copied:
                 wait_host_free(*self._copied)  # step N-1 copies done
             table.write_rows(pages)  # the last check: every changed row before writing any
-            self._cursor.last = None
-            self._request_ids = None
-            self._request_rows = {}
         else:
             assert step is not None
             plan = table.plan_rows(items) if items else None  # the last check
@@ -490,10 +476,7 @@ class QwenDecodePreparer:
                 wait_host_free(*self._copied)
             if plan is not None:
                 table.commit(plan)
-            self._cursor.last = step.seq
-            if step.rows is not self._request_rows:  # requests joined, left or moved
-                self._request_ids = list(batch.request_ids)
-                self._request_rows = step.rows
+        self._took(step, batch.request_ids)
         self._write_rows(count, token_values, seq_lens, slots)
         return self._inputs(count)
 
@@ -581,10 +564,22 @@ class QwenDecodePreparer:
         self._table.invalidate()
         wait_host_free(*self._copied)
         self._tokens.reset()
-        self._cursor.last = None
-        self._request_ids = None
-        self._request_rows = {}
+        self._took(None, ())
         self._sync_all()
+
+    def _took(self, step: DeltaStep | None, request_ids: Sequence[Hashable]) -> None:
+        """The worker's delta state after a step: ``step``'s message the last applied, and the
+        batch's requests by row when they changed; a by-value step (``None``) forgets both (the
+        next message must build on nothing)."""
+        if step is None:
+            self._cursor.last = None
+            self._request_ids = None
+            self._request_rows = {}
+            return
+        self._cursor.last = step.seq
+        if step.rows is not self._request_rows:  # requests joined, left or moved
+            self._request_ids = list(request_ids)
+            self._request_rows = step.rows
 
     def _raise_first_fault(
         self,
