@@ -552,17 +552,12 @@ static PyObject *kernel_clear(GroupKernel *self, PyObject *arg)
         if (m == 0)
             continue; /* holds none already */
         int32_t change[MARK] = {WHOLE, 0, 0, 0, 0, 0};
-        if (m > 0 && !self->ring) { /* a paged row: its ids' cells */
-            if (m <= MAX_POSITIONS) {
-                change[0] = POSITIONS;
-                change[1] = m;
-                for (int32_t i = 0; i < m; i++)
-                    change[2 + i] = i;
-            } else {
-                change[0] = SPAN;
-                change[2] = 0;
-                change[3] = m;
-            }
+        if (m > 0 && !self->ring) { /* a paged row: its ids' cells, [0, m) */
+            Py_ssize_t differ = 0;
+            int32_t lo = -1, hi = -1;
+            for (int32_t p = 0; p < m; p++)
+                bk_note_differ(p, &differ, change, &lo, &hi);
+            bk_close_mark(self, differ, lo, hi, change);
         }
         self->lens[r] = 0;
         self->checked[r] = 0;

@@ -117,6 +117,16 @@ def positions_mark(differ: list[int], ring: bool) -> Mark | None:
     return (WHOLE, ()) if ring else (SPAN, (differ[0], differ[-1] + 1))
 
 
+def cleared_mark(old: list[int] | None, ring: bool) -> Mark:
+    """The mark of a row that held ``old`` (unknown, or at least one id) and now holds none: a
+    paged row's ids' cells, else (a ring row, or ids unknown) the whole row."""
+    if old is None or ring:
+        return (WHOLE, ())
+    mark = positions_mark(list(range(len(old))), False)
+    assert mark is not None
+    return mark
+
+
 def merged(current: Mark | None, mark: Mark, ring: bool) -> Mark:
     """A slot's mark for a row after another change of it."""
     if current is None or current[0] == CLEAN:

@@ -79,6 +79,7 @@ from blockprep.engine.rules import (
     check_set_ids,
     check_spec,
     checked_array,
+    cleared_mark,
     equal_ids,
     holds,
     index_arg,
@@ -540,12 +541,7 @@ class GroupKernel(RowChanges):
             old = self._held[r]
             if old is not None and not old:
                 continue
-            mark = (
-                (WHOLE, ())
-                if old is None or self.ring
-                else positions_mark(list(range(len(old))), False)
-            )
-            assert mark is not None
+            mark = cleared_mark(old, self.ring)
             self._held[r] = []
             self._distinct[r] = False
             for marks in self._marks:

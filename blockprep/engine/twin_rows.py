@@ -22,12 +22,11 @@ from blockprep.engine.rules import (
     ROW_APPEND,
     ROW_CLEAR,
     ROW_COPY,
-    WHOLE,
     Mark,
     checked_array,
+    cleared_mark,
     index_arg,
     merged,
-    positions_mark,
 )
 
 Bound = tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], int]
@@ -136,8 +135,7 @@ class RowChanges:
         if kind == ROW_CLEAR:
             if old is not None and not old:
                 return 0
-            mark = positions_mark(list(range(len(old))), False) if old and not self.ring else None
-            return _commit_row(self, bound, r, [], mark or (WHOLE, ()))
+            return _commit_row(self, bound, r, [], cleared_mark(old, self.ring))
         if kind == ROW_COPY:
             src = _row(self, value)
             held = None if src is None or src == r else self._held[src]
