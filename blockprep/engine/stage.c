@@ -167,7 +167,12 @@ static PyObject *value_at(Scratch *s, PyObject *lst, Py_ssize_t p)
  * compact int in range (a request's row: [0, limit); a padding row: int32) and, for a request's
  * row of a distinct kernel, not repeated (generation stamps). 1 when every id passed (the row
  * is then checked: rules 1-4 hold), 0 at the first that did not, or when there is no stamp
- * table (the general walk then decides, and words any fault). Runs no Python code. */
+ * table (the general walk then decides, and words any fault). Runs no Python code. Out of
+ * line: inlined into stage_row_ids, its id loop took two more instructions an id once the mark
+ * rule moved to kernel.h (a cold DeepSeek step 2,011,106 -> 2,040,738; out of line 2,012,994). */
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
 static int new_row_ids(GroupKernel *self, PyObject *lst, Py_ssize_t n, int padding,
                        long long *vals)
 {
