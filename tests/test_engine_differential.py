@@ -576,3 +576,60 @@ def test_faces_agree_on_a_long_wire_trace(monkeypatch: pytest.MonkeyPatch) -> No
                 assert torch.equal(a[name], b[name]), (step, s, name)
             assert torch.equal(pair[0].counts(s), pair[1].counts(s))
             assert pair[0].stats(s) == pair[1].stats(s)
+
+
+def _fresh(name: str) -> str:
+    """An equal str that is another object (as each of a decoder's dicts may hold its own)."""
+    return "".join(list(name))
+
+
+@pytest.mark.parametrize("kernel", ["compiled", "twin"])
+def test_plan_mappings_reads_any_rows_keys(monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+    """Rows given as dicts whose keys are the group names as other objects (a pickle round trip:
+    one object shared by every row; a decoder's own object per row; a str subclass; extra keys
+    first) plan what the columns plan; a row without its group or no dict raises what reading it
+    raises, the first such row named, wherever it sits."""
+    chosen = compiled.GroupKernel if kernel == "compiled" else twin.GroupKernel
+    monkeypatch.setattr(grouped, "GroupKernel", chosen)
+    groups = [
+        grouped.TableGroup("ring", "ring", 16, id_limit=100, min_ids=1),
+        grouped.TableGroup("pages", "paged", 8, id_limit=100, pad=-1),
+    ]
+    rng = random.Random(3)
+    num_rows = 6
+
+    class Name(str):
+        pass
+
+    def variants(columns: list[list[list[int]]]) -> list[list[dict[Any, Any]]]:
+        rows = list(zip(*columns, strict=True))
+        shared = [{g.name: ids for g, ids in zip(groups, row, strict=True)} for row in rows]
+        return [
+            pickle.loads(pickle.dumps(shared)),
+            [{_fresh(g.name): ids for g, ids in zip(groups, row, strict=True)} for row in rows],
+            [{Name(g.name): ids for g, ids in zip(groups, row, strict=True)} for row in rows],
+            [{"other": [], 7: [], **d} for d in pickle.loads(pickle.dumps(shared))],
+        ]
+
+    by_columns = GroupedTables(groups, num_rows)
+    by_rows = [GroupedTables(groups, num_rows) for _ in range(4)]
+    for step in range(40):
+        columns = [
+            [rng.sample(range(100), 4) for _ in range(num_rows)],
+            [rng.sample(range(100), rng.randint(0, 8)) for _ in range(num_rows)],
+        ]
+        keys = list(range(num_rows))
+        by_columns.commit(by_columns.plan(columns, keys), 0)
+        for face, rows in zip(by_rows, variants(columns), strict=True):
+            face.commit(face.plan_mappings(rows, keys), 0)
+            for name, table in by_columns.tables(0).items():
+                assert torch.equal(face.tables(0)[name], table), (step, name)
+        for bad_row in (0, num_rows - 1):  # a row without a group, or no dict: read's error
+            for broken in ({"ring": [1]}, {_fresh("pages"): [1]}, None):
+                rows = variants(columns)[0]
+                rows[bad_row] = broken
+                with pytest.raises((TypeError, KeyError)) as direct:
+                    [[row[g.name] for g in groups] for row in rows]
+                with pytest.raises((TypeError, KeyError)) as caught:
+                    by_rows[0].plan_mappings(rows, keys)
+                assert (caught.type, str(caught.value)) == (direct.type, str(direct.value))
