@@ -31,7 +31,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
-from blockprep.engine import GroupKernel
+from blockprep.engine import GroupKernel, kernel_buffer
 from blockprep.engine.rules import ROW_APPEND, ROW_CLEAR, ROW_COPY, ROW_WHOLE
 from blockprep.errors import (
     BlockprepIndexError,
@@ -181,14 +181,15 @@ class BlockTable:
         self._stay = list(range(num_rows))  # every row's ids come from the row itself
         self._counts = np.zeros((num_rows, 1), dtype=np.int32)  # the kernel writes the lengths
         self._lengths: npt.NDArray[np.int32] = self._counts[:, 0]
+        self._kernel_buffers = (kernel_buffer(self._rows), kernel_buffer(self._counts))
         empty, _ = self._kernel.stage([], [], self._stay, convert)
         assert empty is not None
         self._empty = empty  # a plan of no change
         self._kernel.forget(-1)  # an adopted buffer: rows unknown, cells left as they are
         if buffer is None:  # every row cleared: rendered once more (the fill wrote pad already)
             self._kernel.clear(-1)
-            self._kernel.commit(self._empty, 0, self._rows, self._counts, 0, False)
-        self._kernel.bind(self._rows, self._counts, 0)  # apply_row: one row's change at once
+            self._kernel.commit(self._empty, 0, *self._kernel_buffers, 0, False)
+        self._kernel.bind(*self._kernel_buffers, 0)  # apply_row: one row's change at once
         self._deltas = RowDeltas(self)
         self._dirty: set[int] = set()
         self._hits = 0
@@ -626,9 +627,8 @@ class BlockTable:
     def _render(self, plan: Any, want_rows: bool, rows: list[int] | None = None) -> tuple[int, int]:
         """Commit a kernel plan (and whatever clear marked) into the buffer, counted; ``(rows,
         cells)`` written (``rows``: the rows, when the caller knows them). Never raises."""
-        written, cells, listed = self._kernel.commit(
-            plan, 0, self._rows, self._counts, 0, want_rows
-        )
+        table, counts = self._kernel_buffers
+        written, cells, listed = self._kernel.commit(plan, 0, table, counts, 0, want_rows)
         if written:
             self._dirty.update(listed if listed is not None else rows or ())
             self._epoch += 1

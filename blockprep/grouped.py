@@ -43,7 +43,7 @@ import torch
 from blockprep import packed
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
-from blockprep.engine import GroupKernel
+from blockprep.engine import GroupKernel, kernel_buffer
 from blockprep.engine.rules import LENGTH, NEW, OPS, PAD_RANGE, PADDING, RANGE, REPEAT, TYPE
 from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
@@ -156,6 +156,7 @@ class _SlotState:
             self.tables = {g.name: tables[g.name] for g in groups}
             self.counts = counts
         self.arrays = [self.tables[g.name].numpy() for g in groups]
+        self.kernel_arrays = [kernel_buffer(array) for array in self.arrays]  # commit's
         self.counts_np = self.counts.numpy()
         self.counts_bytes = self.counts_np.data.cast("B")  # a copy: one memcpy
         self.counts_stale = True  # the counts buffer may differ from the held counts
@@ -231,6 +232,7 @@ class GroupedTables:
         ]
         self._counts = np.zeros((num_rows, len(groups)), dtype=np.int32)
         self._counts_bytes = self._counts.data.cast("B")
+        self._kernel_counts = kernel_buffer(self._counts)
         self._keys: list[Hashable | None] = [None] * num_rows
         self._stay = [PADDING] * num_rows  # srcs when no key changes
         self._padding_rows = list(range(num_rows))  # the rows whose key is None, and as a set
@@ -516,7 +518,7 @@ class GroupedTables:
             plan = step.plans[gi]
             changed_counts = changed_counts or bool(plan)
             written, cells, rows = kernel.commit(
-                plan, number, state.arrays[gi], self._counts, gi, want
+                plan, number, state.kernel_arrays[gi], self._kernel_counts, gi, want
             )
             counters = state.stats[gi]
             counters[0] += self._num_rows - written

@@ -50,7 +50,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import BACKEND, assign_ints, paged_step, step_slots
+from blockprep.engine import BACKEND, assign_ints, kernel_buffer, paged_step, step_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.reference import QwenDecodePrep97
@@ -228,6 +228,24 @@ class QwenDecodePreparer:
         self._lengths = self._table.lengths
         self._row_starts = np.arange(batch, dtype=np.int64) * self.max_blocks
         self._seq_view, self._slot_view = self._seq_lens.numpy(), self._slots.numpy()
+        # paged_step's arguments after the step's own three (its buffers through
+        # kernel_buffer); None: the general path (a token dtype the kernel does not write, or
+        # the twin, whose step through paged_step cost more than the general path).
+        column = self._token_column
+        self._paged_args = (
+            None
+            if column is None or not COMPILED
+            else (
+                kernel_buffer(self._lengths),
+                kernel_buffer(self._flat_table),
+                self.max_blocks,
+                self.page_size,
+                self.max_seq_len,
+                kernel_buffer(column),
+                kernel_buffer(self._seq_view),
+                kernel_buffer(self._slot_view),
+            )
+        )
         # Deltas: the last message applied, and each request's row as of that step.
         self._cursor = DeltaCursor()
         self._request_ids: list[Hashable] | None = None
@@ -424,23 +442,10 @@ class QwenDecodePreparer:
         width, page_size = self.max_blocks, self.page_size
         table, max_seq_len = self._table, self.max_seq_len
         items = None if step is None else step.items
-        column = self._token_column
-        if items is not None and column is not None and COMPILED:  # deltas: in one or two calls
+        fixed = self._paged_args
+        if items is not None and fixed is not None:  # deltas: in one or two calls
             assert step is not None
-            token_values = tensor_values(batch.token_ids, count)
-            args = (
-                seq_lens,
-                token_values,
-                items,
-                self._lengths,
-                self._flat_table,
-                width,
-                page_size,
-                max_seq_len,
-                column,
-                self._seq_view,
-                self._slot_view,
-            )
+            args = (seq_lens, tensor_values(batch.token_ids, count), items, *fixed)
             if not items or paged_step(*args, False):  # every check but the table's
                 plan = table.plan_rows(items) if items else None  # the last check
                 if self._copied:

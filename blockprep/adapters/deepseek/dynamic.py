@@ -19,7 +19,7 @@ from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.adapters.deepseek.rows import DecodeColumns, StepRows
 from blockprep.buffers import host_tensor
-from blockprep.engine import decode_inputs
+from blockprep.engine import decode_inputs, kernel_buffer
 
 
 class DynamicInputs:
@@ -47,6 +47,7 @@ class DynamicInputs:
         self.input_np = self.input_ids.numpy().reshape(R * b, S)
         self.positions_np = self.position_ids.numpy().reshape(R * b, S)
         self.kv_np = self.kv_seq_lens.numpy().reshape(R * b)
+        self._outputs = tuple(map(kernel_buffer, (self.input_np, self.positions_np, self.kv_np)))
         self.owner_key: tuple[tuple[int, ...], int] | None = None
 
     def write(
@@ -64,9 +65,7 @@ class DynamicInputs:
         R = self.ranks
         if isinstance(rows, DecodeColumns) and dirty is None:
             # One call (the caller checked seq in [1, max_seq_len], so it cannot raise).
-            decode_inputs(
-                source, rows.tokens, rows.seq, self.input_np, self.positions_np, self.kv_np
-            )
+            decode_inputs(source, rows.tokens, rows.seq, *self._outputs)
         else:
             if isinstance(rows, DecodeColumns):
                 rows = rows.rows()
