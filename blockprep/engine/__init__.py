@@ -96,7 +96,7 @@ def kernel_buffer(array: npt.NDArray[Any]) -> Any:
     compiled kernel a memoryview of it, made once (taking a memoryview's buffer costs about 60
     instructions, a NumPy array's about 850: NumPy describes the array anew at each export);
     with the twin, which reads NumPy arrays directly, the array itself."""
-    return memoryview(array) if BACKEND == "c" else array
+    return memoryview(array) if BACKEND == "c" else array  # type: ignore[arg-type]
 
 
 def kernel_backend() -> str:
