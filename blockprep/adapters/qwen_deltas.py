@@ -12,6 +12,8 @@ from blockprep.engine import differing_rows
 from blockprep.packed import is_packed, unpack
 from blockprep.wire import DeltaCursor, DeltaMessageError, apply_ops
 
+_new_tuple = tuple.__new__
+
 
 class DeltaStep(NamedTuple):
     """A checked message: its number, each request's row, the new ids of the rows it changes
@@ -83,7 +85,7 @@ def delta_step(
             items[where] = apply_ops(ops, held)
         except DeltaMessageError as error:
             raise DeltaMessageError(f"{error} (request {request!r})") from None
-    return DeltaStep(seq, index, items)
+    return _new_tuple(DeltaStep, (seq, index, items))  # a NamedTuple's __new__ is a Python frame
 
 
 def request_index(
