@@ -301,10 +301,13 @@ class BlockTable:
             self._row_index(self._num_rows)  # raises, naming the first row past the end
         every = start == 0 and len(batch) == self._num_rows
         rows = self._stay if every else list(range(start, start + len(batch)))
-        lists: list[list[Any]] = (
-            batch if set(map(type, batch)) == {list} else self._lists(rows, batch)  # type: ignore[assignment]
-        )
-        plan, fault = self._kernel.stage(None if every else rows, lists, self._stay, convert)
+        visited = None if every else rows
+        try:  # the caller's lists as they are: the kernel checks that each row is one
+            lists: list[list[Any]] = batch  # type: ignore[assignment]
+            plan, fault = self._kernel.stage(visited, lists, self._stay, convert)
+        except TypeError:  # a row that is no list (a tuple, an array): converted, staged again
+            lists = self._lists(rows, batch)
+            plan, fault = self._kernel.stage(visited, lists, self._stay, convert)
         if fault is not None or (self._ring and not all(lists)):
             self._raise_rows(rows, lists, fault)
         written = self._render(plan, True)[0] if plan else 0

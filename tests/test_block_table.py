@@ -368,3 +368,40 @@ def test_bad_row_index_raises_index_error(row: int) -> None:
         table.write_row(True, [1])  # type: ignore[arg-type]
     assert table.take_dirty() == []
     assert table.numpy().tolist() == paged([], [], [])
+
+
+@pytest.mark.parametrize("kind", ["ring", "paged"])
+def test_write_rows_of_mixed_row_types(kind: str) -> None:
+    """Lists beside tuples, arrays and tensors: the table written as of the rows made lists; a
+    bad row (wrong type, dtype, shape, value, an empty ring row) raises what writing that row
+    alone raises, the first bad row first (a bad row of another type before or after a list
+    with a bad id), and nothing is written."""
+    good: list[list[Any]] = [
+        [[1, 2], (3, 4), np.array([5, 6])],
+        [torch.tensor([7, 8]), [9], (10, 11, 12)],
+    ]
+    for rows in good:
+        table, listed = BlockTable(4, 8, kind=kind), BlockTable(4, 8, kind=kind)
+        assert table.write_rows(rows, 1) == listed.write_rows([list(map(int, r)) for r in rows], 1)
+        assert torch.equal(table.tensor, listed.tensor)
+    bad: list[tuple[list[Any], int]] = [
+        ([[1, 2], "ab"], 1),
+        ([(1, 2), [3, 2**40]], 1),
+        ([(1, 1.5), [3, 2**40]], 0),
+        ([[1, 2], None, [3, 4]], 1),
+        ([[1, 2**40], None], 0),
+        ([[1, 2], np.array([1.0, 2.0])], 1),
+        ([[1, 2], np.array([[1, 2]])], 1),
+    ]
+    for rows, first in bad:
+        table, alone = BlockTable(4, 8, kind=kind), BlockTable(4, 8, kind=kind)
+        before = table.tensor.clone()
+        with pytest.raises((TypeError, ValueError)) as caught:
+            table.write_rows(rows, 1)
+        with pytest.raises((TypeError, ValueError)) as direct:
+            alone.write_row(1 + first, rows[first])
+        assert (caught.type, str(caught.value)) == (direct.type, str(direct.value))
+        assert torch.equal(table.tensor, before)
+    if kind == "ring":  # an empty ring row is refused wherever it sits
+        with pytest.raises(ValueError, match="row 2 has no allocated blocks"):
+            BlockTable(4, 8, kind=kind).write_rows([(1,), [], [2]], 1)
