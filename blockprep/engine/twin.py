@@ -386,21 +386,24 @@ class GroupKernel(RowChanges):
         base = base or []
         m = len(base)
         if set(map(type, ids)) <= INT_ONLY:  # plain ints only: the rule 1 in C-level passes
-            short = min(n, m)
-            first = next(compress(count(), map(operator.ne, ids, base)), short)
-            if n == m and first < n and ids[first + 1 :] == base[first + 1 :]:
-                changed = [first]  # one id changed (a rotated ring slot): no second pass
+            if not m:  # nothing held: every id is changed
+                new, changed = ids[:], list(range(n))
             else:
-                changed = [
-                    *compress(range(first, short), map(operator.ne, ids[first:], base[first:])),
-                    *range(short, n),
-                ]
-            if len(changed) == n:
-                new = ids[:]
-            else:  # the held int objects kept, the changed ones put in
-                new = base[:n] if n <= m else [*base, *ids[m:]]
-                for p in changed:
-                    new[p] = ids[p]
+                short = min(n, m)
+                first = next(compress(count(), map(operator.ne, ids, base)), short)
+                if n == m and first < n and ids[first + 1 :] == base[first + 1 :]:
+                    changed = [first]  # one id changed (a rotated ring slot): no second pass
+                else:
+                    changed = [
+                        *compress(range(first, short), map(operator.ne, ids[first:], base[first:])),
+                        *range(short, n),
+                    ]
+                if len(changed) == n:
+                    new = ids[:]
+                else:  # the held int objects kept, the changed ones put in
+                    new = base[:n] if n <= m else [*base, *ids[m:]]
+                    for p in changed:
+                        new[p] = ids[p]
         else:
             new, changed, fault = self._converted(r, ids, base, convert)
             if fault is not None:
@@ -511,12 +514,14 @@ class GroupKernel(RowChanges):
         column = index_arg(column, counts.shape[1], "column")
         if type(plan) is not list:
             raise TypeError("plan must be a plan this kernel staged")
+        held, distinct, ring = self._held, self._distinct, self.ring
         for r, new, mark, checked in plan:
-            self._held[r] = new
-            self._distinct[r] = checked
+            held[r] = new
+            distinct[r] = checked
             counts[r, column] = len(new)
             for marks in self._marks:
-                marks[r] = merged(marks.get(r), mark, self.ring)
+                current = marks.get(r)
+                marks[r] = mark if current is None else merged(current, mark, ring)
         return self._render(self._marks[slot], table, want)
 
     def invalidate(self, slot: int) -> None:
