@@ -520,8 +520,7 @@ class GroupKernel(RowChanges):
             distinct[r] = checked
             counts[r, column] = len(new)
             for marks in self._marks:
-                current = marks.get(r)
-                marks[r] = mark if current is None else merged(current, mark, ring)
+                marks[r] = merged(marks.get(r), mark, ring)
         return self._render(self._marks[slot], table, want)
 
     def invalidate(self, slot: int) -> None:
