@@ -1,4 +1,4 @@
-"""Instructions per step of a vLLM facade construction (:mod:`blockprep.bench.vllm_compare`), for
+"""Instructions per step of a vLLM facade construction (:mod:`bench.vllm_compare`), for
 callgrind.
 
 Usage (as ``bench/callgrind_step.py``: from a directory that holds no ``blockprep``, ``python`` the
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from blockprep.bench import vllm_compare
+from bench import vllm_compare
 
 WARM = 20
 

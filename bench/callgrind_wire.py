@@ -23,7 +23,7 @@ import pickle
 import sys
 
 from blockprep.adapters.deepseek import DeepSeekV4DecodePreparer
-from blockprep.bench.workloads import DS_WARMUP, WIRE_LAYOUT, deepseek_wire_sim
+from blockprep.bench.deepseek_workloads import DS_WARMUP, WIRE_LAYOUT, deepseek_wire_sim
 from blockprep.events import BlockEventRecorder, PackedDeltaEncoder
 from blockprep.simulation import DEEPSEEK_V4_CACHE_GROUPS
 from blockprep.wire import BlockDeltaEncoder

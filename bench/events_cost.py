@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from blockprep.bench.workloads import DS_WARMUP, deepseek_wire_sim
+from blockprep.bench.deepseek_workloads import DS_WARMUP, deepseek_wire_sim
 from blockprep.events import BlockEventRecorder, PackedDeltaEncoder
 from blockprep.simulation import DEEPSEEK_V4_CACHE_GROUPS
 from blockprep.wire import BlockDeltaEncoder

@@ -1,5 +1,5 @@
 """``BlockEventRecorder.message`` per step on the host-path bench's Qwen trace
-(``blockprep.bench.host_path.qwen_steps``: B requests, churn, page appends): each step's events
+(``bench.host_path.qwen_steps``: B requests, churn, page appends): each step's events
 replayed untimed, then ``message(request_ids)`` timed; one process, garbage collector off.
 The steps after the warm-up run inside one ``functools.reduce`` call, for callgrind (events
 and messages both counted).
@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from blockprep.bench.host_path import qwen_steps
+from bench.host_path import qwen_steps
 from blockprep.events import BlockEventRecorder
 
 WARM = 20

@@ -16,9 +16,9 @@ where each slot catches up on two steps of changes). Also: a cold first step (a 
 the memory floor of a full rewrite (copying all 56 tables' bytes).
 
 The round-trip cases time what upstream's worker really receives: the simulation of
-``blockprep.bench.workloads.deepseek_wire_sim`` (prompts of 1-3000 tokens, pools of 4096 pages per
-group and rank, 0.5% of requests leaving each step and replaced in the same rank), each batch
-through a pickle round trip in the untimed setup (new lists of new int objects, as upstream's
+``blockprep.bench.deepseek_workloads.deepseek_wire_sim`` (prompts of 1-3000 tokens, pools of 4096
+pages per group and rank, 0.5% of requests leaving each step and replaced in the same rank), each
+batch through a pickle round trip in the untimed setup (new lists of new int objects, as upstream's
 msgpack queue delivers them): the steady step with two slots used in turn, and the cold first step.
 
 Before timing, blockprep's buffers are compared with the reference rebuild after every warm-up step
@@ -44,7 +44,7 @@ from blockprep.adapters.deepseek import (
     DeepSeekV4Layout,
 )
 from blockprep.batch import DecodeBatch
-from blockprep.bench.workloads import WIRE_LAYOUT, deepseek_steady_sim, deepseek_wire_sim
+from blockprep.bench.deepseek_workloads import WIRE_LAYOUT, deepseek_steady_sim, deepseek_wire_sim
 from blockprep.reference import deepseek_v4_decode_rebuild
 from blockprep.testing import DeepSeekV4SchedulerSim
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from blockprep.bench.base import CONSTRUCTIONS
 from blockprep.bench.runner import verify
-from blockprep.bench.workloads import CONSTRUCTIONS, standard_workloads
+from blockprep.bench.workloads import standard_workloads
 
 STEPS = 300
 SEED = 0

@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 import torch
 
+from blockprep.bench.base import Workload
 from blockprep.bench.report import (
     footer,
     header,
@@ -40,7 +41,7 @@ from blockprep.bench.runner import (
     time_workload,
     verify,
 )
-from blockprep.bench.workloads import Workload, standard_workloads
+from blockprep.bench.workloads import standard_workloads
 
 QUICK_STEPS = 60
 DEFAULT_STEPS = 300
@@ -130,8 +131,9 @@ def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
         "speed-ups against pre-fix and fix, rows and cells written, and the memory floor (the "
         "time to copy a full rewrite's bytes); warns when the spread or the load average says "
         "the figures are unreliable.",
-        epilog="The whole host path of a step (the engine's message, the pipe, the worker's "
-        "decode and preparation, per stage): python -m blockprep.bench.host_path.",
+        epilog="From a repository checkout, the whole host path of a step (the engine's "
+        "message, the pipe, the worker's decode and preparation, per stage): "
+        "python -m bench.host_path.",
     )
     bench.add_argument(
         "--workload",

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from blockprep.__main__ import main
+from blockprep.bench.base import CONSTRUCTIONS, Stepper, Workload
+from blockprep.bench.deepseek_workloads import DeepSeekStep, deepseek_wire_trace
 from blockprep.bench.report import footer, warnings
 from blockprep.bench.runner import (
     MismatchError,
@@ -25,14 +27,7 @@ from blockprep.bench.runner import (
     time_workload,
     verify,
 )
-from blockprep.bench.workloads import (
-    CONSTRUCTIONS,
-    DeepSeekStep,
-    Stepper,
-    Workload,
-    deepseek_wire_trace,
-    standard_workloads,
-)
+from blockprep.bench.workloads import standard_workloads
 
 
 def _table_lines(out: str) -> list[str]:

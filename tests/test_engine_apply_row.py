@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -271,11 +272,13 @@ def test_long_sequences_on_wide_rows_agree_with_a_rebuild(ring: bool, seed: int)
 
 @pytest.mark.parametrize(("num_reqs", "block_size"), [(300, 16), (16, 128)])
 def test_scheduler_steps_agree_with_a_rebuild(num_reqs: int, block_size: int) -> None:
-    """``apply_step`` of a vLLM-like scheduler trace (:mod:`blockprep.bench.vllm_compare`'s: churn,
+    """``apply_step`` of a vLLM-like scheduler trace (:mod:`bench.vllm_compare`'s: churn,
     appends, new requests, rows moved into gaps; 300 rows take the compiled kernel's allocated
     scratch, 16 its stack one) on both kernels: the same results, and after every step each
     row's cells equal a :mod:`blockprep.reference` rebuild of the ids the scheduler holds."""
-    from blockprep.bench.vllm_compare import SEQ_LEN, SchedulerTrace
+    if not (Path(__file__).parents[1] / "bench" / "vllm_compare.py").exists():
+        pytest.skip("bench/ (a repository checkout's harnesses) is not here")
+    from bench.vllm_compare import SEQ_LEN, SchedulerTrace
 
     width = SEQ_LEN // block_size
     made = []

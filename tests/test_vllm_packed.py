@@ -6,7 +6,7 @@ that close the gaps. One facade applies each step through ``apply_step``, anothe
 ``apply_packed`` of the step packed here, with a few lines written from the documented format
 (docs/integration.md 9.1), not with ``blockprep.packed.pack``. After every step both facades'
 host tables, device tables and counts must be identical, equal to vLLM's table ported
-(``blockprep.bench.vllm_port``: same counts, same ids below them) and to a rebuild of the
+(``tests/vllm_port.py``: same counts, same ids below them) and to a rebuild of the
 scheduler's own lists through ``blockprep.reference``. Bad messages (a negative id, a position
 or truncation past a row, too many blocks, a flipped bit, a cut payload, a wrong base, a group
 or row out of range) must be refused with nothing written, compared byte for byte.
@@ -28,10 +28,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vllm_port import PortTable
 
 from blockprep import reference
 from blockprep.adapters.vllm import VllmBlockTable, VllmMultiGroupBlockTable
-from blockprep.bench.vllm_port import PortBlockTable
 from blockprep.wire import DeltaMessageError, DeltaSequenceError
 
 WHOLE, APPEND, SET, TRUNCATE = 1, 2, 3, 4
@@ -280,7 +280,7 @@ class Trace:
         self.widths = [t.max_num_blocks_per_req for t in groups_of(self.by_packed)]
         self.sched = Scheduler(rows, block_sizes, self.widths, seed, churn)
         self.ports = [
-            PortBlockTable(b, rows, w, 64) for b, w in zip(block_sizes, self.widths, strict=True)
+            PortTable(b, rows, w, 64) for b, w in zip(block_sizes, self.widths, strict=True)
         ]
         self.rng = random.Random(seed + 1)
         self.multi = len(block_sizes) > 1
@@ -341,7 +341,7 @@ class Trace:
             assert np.array_equal(host, rebuilt.numpy()), g
             counts = b.num_blocks_per_row
             assert np.array_equal(counts, port.num_blocks_per_row), g
-            port_host, port_device = port.get_numpy_array(), port.get_device_tensor(num_reqs)
+            port_host, port_device = port.np, port.device
             for r in range(len(counts)):
                 n = int(counts[r])
                 assert np.array_equal(host[r, :n], port_host[r, :n]), (g, r)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 import numpy as np
@@ -28,6 +27,7 @@ import numpy.typing as npt
 import torch
 
 from blockprep import log
+from blockprep.adapters.qwen_abi import QwenDecodeInputs as QwenDecodeInputs  # re-exported
 from blockprep.adapters.qwen_batch import (
     INTEGER_DTYPES,
     adopted_buffers,
@@ -76,30 +76,6 @@ the general path, which the pure-Python fallback keeps."""
 ROW_LOOP_MAX = 24
 """Batches of at most this many rows (by value or deltas) are checked row by row in Python
 (cheaper than the array checks' fixed cost); larger ones on NumPy arrays."""
-
-
-@dataclass(frozen=True)
-class QwenDecodeInputs:
-    """One step's inputs: each tensor *is* a persistent buffer (same object, same address)."""
-
-    actual_batch: int
-    token_ids: torch.Tensor
-    seq_lens: torch.Tensor
-    block_table: torch.Tensor
-    slot_mapping: torch.Tensor
-
-    def prefix_views(self) -> dict[str, torch.Tensor]:
-        """The active rows' views by argument name, as upstream's newer dynamic-batch runner
-        dispatches them: ``token_ids[:A]``, ``seq_lens[:A]``, ``block_table[:A * max_blocks]``,
-        ``slot_mapping[:A]`` (views of the persistent buffers: same memory, same start)."""
-        count = self.actual_batch
-        width = self.block_table.numel() // self.seq_lens.shape[0]
-        return {
-            "token_ids": self.token_ids[:count],
-            "seq_lens": self.seq_lens[:count],
-            "block_table": self.block_table[: count * width],
-            "slot_mapping": self.slot_mapping[:count],
-        }
 
 
 class QwenDecodePreparer:

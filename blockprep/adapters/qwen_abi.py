@@ -29,8 +29,8 @@ Nothing here imports an NPU package.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,8 +38,30 @@ from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import as_int
 
-if TYPE_CHECKING:
-    from blockprep.adapters.qwen import QwenDecodeInputs
+
+@dataclass(frozen=True)
+class QwenDecodeInputs:
+    """One step's inputs: each tensor *is* a persistent buffer (same object, same address)."""
+
+    actual_batch: int
+    token_ids: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+
+    def prefix_views(self) -> dict[str, torch.Tensor]:
+        """The active rows' views by argument name, as upstream's newer dynamic-batch runner
+        dispatches them: ``token_ids[:A]``, ``seq_lens[:A]``, ``block_table[:A * max_blocks]``,
+        ``slot_mapping[:A]`` (views of the persistent buffers: same memory, same start)."""
+        count = self.actual_batch
+        width = self.block_table.numel() // self.seq_lens.shape[0]
+        return {
+            "token_ids": self.token_ids[:count],
+            "seq_lens": self.seq_lens[:count],
+            "block_table": self.block_table[: count * width],
+            "slot_mapping": self.slot_mapping[:count],
+        }
+
 
 QWEN3_DECODE_KERNEL = "qwen3_decode_host"
 """The compiled decode callable (``qwen3_decode_fwd.qwen3_decode_host`` in npu_executor.py)."""

@@ -13,8 +13,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from blockprep.bench.base import CONSTRUCTIONS
 from blockprep.bench.runner import BASELINE, FIX, Result
-from blockprep.bench.workloads import CONSTRUCTIONS
 from blockprep.engine import kernel_backend
 
 SPREAD_LIMIT = 1.5

@@ -10,7 +10,7 @@ round: each construction keeps its own stepper and its own trace, and round ``k`
 of each, starting with construction ``k % 3``, so a slow spell of the machine lands on all of them
 alike and none always runs right after the same other. Each step is timed alone
 (``perf_counter_ns``, the prepare call only: making a step's input is not timed, nor is the
-construction's :meth:`~blockprep.bench.workloads.Stepper.receive` of it, made just before its
+construction's :meth:`~blockprep.bench.base.Stepper.receive` of it, made just before its
 step: on the wire workloads, unpickling only the payload that construction consumes), so medians
 and percentiles are per step. :func:`summarize` turns one or more such runs into results: the median
 of the per-run medians, percentiles over every run's steps, and each run's speed-ups.
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from blockprep.bench.workloads import CONSTRUCTIONS, Stepper, Workload
+from blockprep.bench.base import CONSTRUCTIONS, Stepper, Workload
 
 BASELINE, FIX = CONSTRUCTIONS[0], CONSTRUCTIONS[1]
 """The constructions speed-ups are measured against: upstream before its fix, and its fix."""

@@ -1,4 +1,4 @@
-"""``python -m blockprep.bench.vllm_compare``: the vLLM facade against vLLM's own row operations.
+"""``python -m bench.vllm_compare``: the vLLM facade against vLLM's own row operations.
 
 Replays vLLM-like scheduler outputs on paged tables (pad 0) at six shapes, requests x block size
 16x128, 64x128, 256x128, 16x16, 64x16, 256x16, with sequences of up to 4,096 tokens and 1% churn
@@ -9,7 +9,7 @@ the first ``num_reqs`` rows are committed to the device copy (a separate CPU ten
 vLLM's ``CpuGpuBuffer`` makes on a CPU device; the facade's device table is its host table, or
 with ``--separate`` a separate CPU copy too).
 
-Four constructions, each with its own copy of the step: ``vllm`` (:mod:`blockprep.bench.vllm_port`,
+Four constructions, each with its own copy of the step: ``vllm`` (:mod:`bench.vllm_port`,
 vLLM's ``BlockTable`` ported: its per-row calls), ``per-row`` (the same calls on
 :class:`~blockprep.adapters.vllm.VllmBlockTable`), ``batched``
 (:meth:`~blockprep.adapters.vllm.VllmBlockTable.apply_step`) and ``packed``
@@ -43,10 +43,10 @@ from typing import Any
 
 import numpy as np
 
+from bench.vllm_port import PortBlockTable
 from blockprep import packed
 from blockprep.adapters.vllm import VllmBlockTable
 from blockprep.bench.runner import quiet_process
-from blockprep.bench.vllm_port import PortBlockTable
 
 SHAPES: tuple[tuple[int, int], ...] = (
     (16, 128),
@@ -404,7 +404,7 @@ def report(results: Sequence[ShapeResult], steps: int, runs: int, seed: int) -> 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m blockprep.bench.vllm_compare", description=__doc__.splitlines()[0]
+        prog="python -m bench.vllm_compare", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--steps", type=int, default=3000, help="timed steps a shape")
     parser.add_argument("--runs", type=int, default=3, help="repeat each shape's timing N times")

@@ -1,4 +1,4 @@
-"""``python -m blockprep.bench.host_path``: the whole host path of a decode step (issue 17).
+"""``python -m bench.host_path``: the whole host path of a decode step (issue 17).
 
 Each step of a scheduler trace goes through every option's three stages, timed apart:
 
@@ -8,7 +8,7 @@ Each step of a scheduler trace goes through every option's three stages, timed a
 - **worker**: decode the bytes, build the :class:`~blockprep.batch.DecodeBatch`, prepare the
   buffers (DeepSeek V4: slot ``step_id % 2``).
 
-Options (:data:`OPTIONS`, :mod:`blockprep.bench.host_stages`): ``upstream`` (every request's
+Options (:data:`OPTIONS`, :mod:`bench.host_stages`): ``upstream`` (every request's
 lists copied with ``list()`` per group, as upstream's engine does, and upstream's rebuild before
 its fix), ``upstream-fix`` (the same, upstream's fix), ``by-value`` (the same lists, blockprep's
 preparer by value), ``wire`` (:class:`~blockprep.wire.BlockDeltaEncoder`'s message inside the
@@ -19,7 +19,7 @@ no option: the command with every block list empty (engine only), what every opt
 besides its blocks.
 
 Workloads: ``deepseek-v4-host-path`` (the bench's DeepSeek wire trace: 8 ranks x 8 requests,
-:func:`~blockprep.bench.workloads.deepseek_wire_sim`, churn 0.5%, two buffer slots) and
+:func:`~blockprep.bench.deepseek_workloads.deepseek_wire_sim`, churn 0.5%, two buffer slots) and
 ``qwen3-14b-host-path-b16`` / ``-b256`` (:func:`~blockprep.bench.qwen_workloads.qwen_wire_trace`;
 ``qwen3-14b-host-path`` names both). The scheduler's state of a step is made untimed; the first
 ``WARM`` steps warm every option up (both slots written) and are not timed.
@@ -62,11 +62,10 @@ try:
     import msgspec
 except ModuleNotFoundError as error:  # the bench extra
     raise SystemExit(
-        "python -m blockprep.bench.host_path needs msgspec: pip install 'blockprep[bench]'"
+        "python -m bench.host_path needs msgspec: pip install 'blockprep[bench]'"
     ) from error
 
-from blockprep.batch import DecodeBatch
-from blockprep.bench.host_stages import (
+from bench.host_stages import (
     DeepSeekBlockprep,
     DeepSeekRebuild,
     DeltaStepCommand,
@@ -83,10 +82,11 @@ from blockprep.bench.host_stages import (
     recorded_deltas,
     wire_deltas,
 )
+from blockprep.batch import DecodeBatch
+from blockprep.bench.deepseek_workloads import DS_WARMUP, WIRE_SLOTS, deepseek_wire_sim
 from blockprep.bench.qwen_workloads import qwen_wire_trace
 from blockprep.bench.report import load_average
 from blockprep.bench.runner import MismatchError, percentile, quiet_process
-from blockprep.bench.workloads import DS_WARMUP, WIRE_SLOTS, deepseek_wire_sim
 from blockprep.engine import kernel_backend
 from blockprep.simulation import DEEPSEEK_V4_CACHE_GROUPS
 
@@ -103,7 +103,7 @@ def _finished(previous: Sequence[str], now: Sequence[str]) -> list[str]:
 
 class _Capture:
     """Stands in for the simulation's recorder: keeps each event call, its arguments copied (the
-    scheduler's lists change later), for :func:`~blockprep.bench.host_stages.recorded_deltas`
+    scheduler's lists change later), for :func:`~bench.host_stages.recorded_deltas`
     to replay."""
 
     def __init__(self) -> None:
@@ -306,7 +306,7 @@ def _split(start: int, decoded: int, built: int, prepared: int, end: int) -> tup
 @dataclass
 class Lane:
     """One option's timed steps in one run: nanoseconds per stage, the message's bytes and how
-    many of them carry blocks (:func:`~blockprep.bench.host_stages.block_bytes`, untimed)."""
+    many of them carry blocks (:func:`~bench.host_stages.block_bytes`, untimed)."""
 
     ns: dict[str, list[int]] = field(default_factory=lambda: {s: [] for s in STAGES + WORKER_SPLIT})
     sizes: list[int] = field(default_factory=list)
@@ -328,7 +328,7 @@ class Lane:
 
 
 ENVELOPE = "envelope"
-"""The lane of :class:`~blockprep.bench.host_stages.Envelope` (engine stage only)."""
+"""The lane of :class:`~bench.host_stages.Envelope` (engine stage only)."""
 
 
 def time_run(
@@ -525,7 +525,7 @@ def _positive(text: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     names = list(workloads())
     parser = argparse.ArgumentParser(
-        prog="python -m blockprep.bench.host_path",
+        prog="python -m bench.host_path",
         description=__doc__.splitlines()[0].split(": ", 1)[1],
     )
     parser.add_argument(

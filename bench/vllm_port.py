@@ -1,4 +1,4 @@
-"""vLLM MRv1's worker block table, ported: the baseline of ``blockprep.bench.vllm_compare``.
+"""vLLM MRv1's worker block table, ported: the baseline of ``bench.vllm_compare``.
 
 This is not blockprep code: it is vLLM's own construction (``vllm/v1/worker/block_table.py`` at
 commit ``01edfd091847f63b5db913c293f4834c823dac40``), kept as close to it as plain NumPy and torch

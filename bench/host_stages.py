@@ -1,4 +1,4 @@
-"""The stages of :mod:`blockprep.bench.host_path`: upstream's wire shape (msgspec structs of our
+"""The stages of :mod:`bench.host_path`: upstream's wire shape (msgspec structs of our
 own, after pypto-serving's ``serving/server/ipc.py``), the engine side of each option (a step's
 message built from the scheduler's state), the worker side (a preparation into persistent
 buffers), and the transfer between them (a real ``os.pipe()``).
@@ -29,13 +29,8 @@ from blockprep import reference
 from blockprep.adapters.deepseek import DeepSeekV4DecodePreparer
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.batch import DecodeBatch
-from blockprep.bench.workloads import (
-    QWEN_MAX_SEQ_LEN,
-    QWEN_PAD,
-    QWEN_PAGE_SIZE,
-    WIRE_LAYOUT,
-    WIRE_SLOTS,
-)
+from blockprep.bench.deepseek_workloads import WIRE_LAYOUT, WIRE_SLOTS
+from blockprep.bench.qwen_workloads import QWEN_MAX_SEQ_LEN, QWEN_PAD, QWEN_PAGE_SIZE
 from blockprep.events import BlockEventRecorder, PackedDeltaEncoder
 from blockprep.wire import BlockDeltaEncoder
 
