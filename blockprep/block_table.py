@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -39,17 +39,12 @@ from blockprep.errors import (
     BlockprepTypeError,
     BlockprepValueError,
 )
-from blockprep.ids import (
-    INT32_MAX,
-    Kind,
-    as_int,
-    check_max_blocks,
-    check_pad,
-    id_list,
-)
+from blockprep.errors import StaleRowError as StaleRowError  # re-exported
+from blockprep.errors import UnknownRowError as UnknownRowError  # re-exported
+from blockprep.ids import INT32_MAX, Kind, as_int, check_max_blocks, check_pad, id_list
 from blockprep.row_checks import convert, raise_row
 from blockprep.row_deltas import Changes, RowDeltas, RowItems, row_items
-from blockprep.table_checks import StaleRowError as StaleRowError  # re-exported
+from blockprep.row_deltas import RowsPlan as RowsPlan  # re-exported
 from blockprep.table_checks import check_table, verify_table
 from blockprep.wire import SET, TRUNCATE, DeltaCursor
 
@@ -65,12 +60,6 @@ _WRITE_METHODS = (
 """The methods that write the buffer: ``verify=True`` checks the table after each."""
 
 
-class UnknownRowError(BlockprepValueError):
-    """A delta (:meth:`BlockTable.append`, :meth:`~BlockTable.set_ids`,
-    :meth:`~BlockTable.truncate`, :meth:`~BlockTable.apply_deltas`) named a row whose ids the
-    table does not know: never written by it, or invalidated. Write the row whole first."""
-
-
 @dataclass(frozen=True)
 class BlockTableStats:
     """Counters since the table was made or :meth:`BlockTable.reset_stats` was called.
@@ -82,18 +71,6 @@ class BlockTableStats:
     hits: int
     misses: int
     cells_written: int
-
-
-class RowsPlan(NamedTuple):
-    """A checked :meth:`BlockTable.plan_rows` step, for :meth:`BlockTable.commit`: ``rows``, the
-    rows it writes (the others already hold their ids), in the order given. It holds the checked
-    ids themselves: the caller's lists may change before the commit."""
-
-    table: BlockTable
-    epoch: int
-    rows: list[int]
-    staged: Any  # the kernel's plan
-    hits: int
 
 
 class BlockTable:

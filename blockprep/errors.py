@@ -10,8 +10,9 @@ written) from its own bugs with one ``except BlockprepError``::
     ├── BlockprepIndexError(BlockprepError, IndexError)
     └── BlockprepRuntimeError(BlockprepError, RuntimeError)
 
-The named errors of the other modules (``BlockIdValueError``, ``DeltaSequenceError``,
-``SlotBusyError``, ...) derive from one of the four. This module imports nothing from blockprep.
+The named errors (``UnknownRowError`` and ``StaleRowError`` here, and those of the other modules:
+``BlockIdValueError``, ``DeltaSequenceError``, ``SlotBusyError``, ...) derive from one of the
+four. This module imports nothing from blockprep.
 """
 
 from __future__ import annotations
@@ -35,3 +36,13 @@ class BlockprepIndexError(BlockprepError, IndexError):
 
 class BlockprepRuntimeError(BlockprepError, RuntimeError):
     """A call at the wrong point of a life cycle (a busy slot, a stale row, a reentrant call)."""
+
+
+class UnknownRowError(BlockprepValueError):
+    """A delta (:meth:`BlockTable.append`, :meth:`~BlockTable.set_ids`,
+    :meth:`~BlockTable.truncate`, :meth:`~BlockTable.apply_deltas`) named a row whose ids the
+    table does not know: never written by it, or invalidated. Write the row whole first."""
+
+
+class StaleRowError(BlockprepRuntimeError):
+    """:meth:`BlockTable.check` found a row whose buffer content differs from its cached ids."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 import numpy as np
 import torch
@@ -23,7 +23,12 @@ import torch
 from blockprep import packed
 from blockprep.engine import index_records
 from blockprep.engine.rules import NEW, OPS
-from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
+from blockprep.errors import (
+    BlockprepIndexError,
+    BlockprepTypeError,
+    BlockprepValueError,
+    UnknownRowError,
+)
 from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
@@ -90,6 +95,18 @@ def packed_changes(
         packed.records(message, len(rows), groups)
         raise AssertionError("index_records refused records that packed.records takes")
     return seq, base, count, data, index
+
+
+class RowsPlan(NamedTuple):
+    """A checked :meth:`BlockTable.plan_rows` step, for :meth:`BlockTable.commit`: ``rows``, the
+    rows it writes (the others already hold their ids), in the order given. It holds the checked
+    ids themselves: the caller's lists may change before the commit."""
+
+    table: BlockTable
+    epoch: int
+    rows: list[int]
+    staged: Any  # the kernel's plan
+    hits: int
 
 
 @dataclass(eq=False, slots=True)
@@ -276,8 +293,6 @@ class RowDeltas:
         """How many ids row ``row`` holds; :class:`UnknownRowError` when they are unknown."""
         length = self._table._kernel.length(row)
         if length < 0:
-            from blockprep.block_table import UnknownRowError
-
             raise UnknownRowError(
                 f"block-table row {row} holds unknown ids (never written by this table, or "
                 "invalidated): write the whole row with write_row() before a delta"

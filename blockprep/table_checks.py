@@ -10,14 +10,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from blockprep.errors import BlockprepRuntimeError
+from blockprep.errors import StaleRowError
 
 if TYPE_CHECKING:
     from blockprep.block_table import BlockTable
-
-
-class StaleRowError(BlockprepRuntimeError):
-    """:meth:`BlockTable.check` found a row whose buffer content differs from its cached ids."""
 
 
 def check_table(table: BlockTable) -> None:

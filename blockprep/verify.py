@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from blockprep.block_table import StaleRowError
+from blockprep.errors import StaleRowError
 
 Place = Callable[[tuple[int, ...]], str]
 """Names an index of a buffer for a message (``"row 3, column 2"``)."""

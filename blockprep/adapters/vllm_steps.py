@@ -16,10 +16,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from blockprep.block_table import BlockTable, RowsPlan, UnknownRowError
-from blockprep.errors import BlockprepTypeError, BlockprepValueError
+from blockprep.block_table import BlockTable
+from blockprep.errors import BlockprepTypeError, BlockprepValueError, UnknownRowError
 from blockprep.ids import INT32_MAX, NEGATIVE_ID_MESSAGE, has_integer_dtype, is_integer_id
-from blockprep.row_deltas import packed_changes
+from blockprep.row_deltas import RowsPlan, packed_changes
 from blockprep.wire import DeltaCursor
 
 _T = TypeVar("_T")

@@ -5,7 +5,7 @@ Both provide ``GroupKernel`` with the same signatures and results (see
 
 - ``index_records``: the index of a packed message's records (the twin:
   :func:`blockprep.packed.index_records`);
-- ``int_range``, ``decode_inputs`` (a DeepSeek decode step's dynamic inputs), ``step_slots`` (a
+- ``decode_inputs`` (a DeepSeek decode step's dynamic inputs), ``step_slots`` (a
   paged decode step's slots), ``paged_step`` (those slots, the tokens and the lengths written
   in one call) and ``differing_rows`` (where two lists of ids differ); the twin:
   :mod:`blockprep.engine.dynamic`;
@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.dynamic import (
         decode_inputs,
         differing_rows,
-        int_range,
         paged_step,
         step_slots,
     )
@@ -49,7 +48,7 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
     index_records, index_ops, put_ints = packed.index_records, None, None
-    int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
+    decode_inputs = dynamic.decode_inputs
     step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
     differing_rows = dynamic.differing_rows
     BACKEND = "python"
@@ -61,7 +60,6 @@ else:
             differing_rows,
             index_ops,
             index_records,
-            int_range,
             paged_step,
             put_ints,
             step_slots,
@@ -73,7 +71,7 @@ else:
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
         index_records, index_ops, put_ints = packed.index_records, None, None
-        int_range, decode_inputs = dynamic.int_range, dynamic.decode_inputs
+        decode_inputs = dynamic.decode_inputs
         step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
         differing_rows = dynamic.differing_rows
         backend.diff_lists = None  # one backend for everything
@@ -113,7 +111,6 @@ __all__ = [
     "differing_rows",
     "index_ops",
     "index_records",
-    "int_range",
     "kernel_backend",
     "kernel_buffer",
     "paged_step",

@@ -669,8 +669,6 @@ static PyMethodDef module_methods[] = {
      "index_records(data, count, rows, groups) -> [{table row: (offset, ...)}] per group, or None"},
     {"index_ops", (PyCFunction)bk_index_ops, METH_VARARGS,
      "index_ops(rows, row_of, groups) -> [{table row: ops}] per group, or None"},
-    {"int_range", (PyCFunction)bk_int_range, METH_VARARGS,
-     "int_range(values, n) -> (min, max) of a 1-D int64 array's first n values"},
     {"decode_inputs", (PyCFunction)bk_decode_inputs, METH_VARARGS,
      "decode_inputs(source, tokens, seq, input_ids, position_ids, kv_seq_lens): a decode step's rows"},
     {"step_slots", (PyCFunction)(void (*)(void))bk_step_slots, METH_FASTCALL,

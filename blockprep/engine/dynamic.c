@@ -1,14 +1,13 @@
 /*
  * dynamic.c: a decode step's dynamic inputs in one call each (module functions of _kernel):
- * int_range (the smallest and largest of a 1-D int64 array's first n values), decode_inputs (per
- * table row, its request's token, position seq - 1 and KV length), step_slots (a paged decode
+ * decode_inputs (per table row, its request's token, position seq - 1 and KV length), step_slots (a paged decode
  * step's slots, or None when a row fails a check), paged_step (those slots, the tokens and the
  * lengths written into three columns in the same call), put_ints and differing_rows. The twin
  * (the specification) is blockprep/engine/dynamic.py: same arguments, results, errors and
  * messages.
  *
  * Why C: interleaved with other work, each NumPy call of a step costs it the cache lines of its
- * own machinery (a cold min() or fancy index: 10-30 us); int_range and decode_inputs replace seven
+ * own machinery (a cold min() or fancy index: 10-30 us); decode_inputs replaces several
  * of them in a DeepSeek step, step_slots a Qwen step's Python row loop (about 4 us of 21).
  * Every argument and every value read is checked before the first write.
  */
@@ -63,34 +62,6 @@ static inline long long item64(const Py_buffer *v, Py_ssize_t i)
     long long x;
     memcpy(&x, (const char *)v->buf + i * v->strides[0], sizeof x);
     return x;
-}
-
-PyObject *bk_int_range(PyObject *module, PyObject *args)
-{
-    PyObject *values, *n_obj;
-    if (!PyArg_ParseTuple(args, "OO:int_range", &values, &n_obj))
-        return NULL;
-    if (!PyLong_CheckExact(n_obj)) {
-        PyErr_Format(PyExc_TypeError, "n must be an int, got %s", bk_type_name(n_obj));
-        return NULL;
-    }
-    Py_buffer v;
-    if (int_view(values, &v, 8, 0, "values") < 0)
-        return NULL;
-    long long n = exact_value(n_obj);
-    if (n == BIG || n < 1 || n > v.shape[0]) {
-        PyErr_Format(PyExc_ValueError, "n must be in [1, %zd], got %R", v.shape[0], n_obj);
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    long long lo = item64(&v, 0), hi = lo;
-    for (Py_ssize_t i = 1; i < n; i++) {
-        long long x = item64(&v, i);
-        lo = x < lo ? x : lo;
-        hi = x > hi ? x : hi;
-    }
-    PyBuffer_Release(&v);
-    return Py_BuildValue("(LL)", lo, hi);
 }
 
 PyObject *bk_decode_inputs(PyObject *module, PyObject *args)

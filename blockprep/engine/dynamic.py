@@ -1,9 +1,7 @@
 """A decode step's dynamic inputs in one call each, in pure Python and NumPy: the specification of
-``dynamic.c`` (the compiled ``_kernel``'s ``int_range``, ``decode_inputs``, ``step_slots``,
+``dynamic.c`` (the compiled ``_kernel``'s ``decode_inputs``, ``step_slots``,
 ``paged_step`` and ``differing_rows``), and the fallback.
 
-- :func:`int_range`: the smallest and largest of a 1-D int64 array's first ``n`` values (a step's
-  shortest sequence and its last position, read once).
 - :func:`decode_inputs`: the standard decode step's rows (seed-semantics 6.5): table row ``t``
   gets request ``q = source[t]``'s token in every one of its ``S`` token columns, its position
   ``seq[q] - 1`` in every position column, and its KV length ``seq[q]``.
@@ -79,22 +77,6 @@ def _output(obj: object, name: str, itemsize: int) -> npt.NDArray[Any]:
     ):
         return obj.reshape(-1)
     return np.asarray(_view(obj, name, itemsize, True)).reshape(-1)
-
-
-def int_range(values: object, n: int) -> tuple[int, int]:
-    """``(min, max)`` of the first ``n`` (at least 1) values of a 1-D int64 array.
-
-    Raises:
-        TypeError: ``values`` is no 1-D int64 array, ``n`` no int.
-        ValueError: ``n < 1``, or fewer than ``n`` values.
-    """
-    if type(n) is not int:
-        raise TypeError(f"n must be an int, got {type(n).__name__}")
-    array = _array(values, "values", 8)
-    if n < 1 or n > array.shape[0]:
-        raise ValueError(f"n must be in [1, {array.shape[0]}], got {n}")
-    head = array[:n]
-    return int(head.min()), int(head.max())
 
 
 def decode_inputs(

@@ -21,7 +21,6 @@ from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.checks import normalization_error, raise_first
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
-from blockprep.engine import int_range
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int, has_integer_dtype
 
@@ -116,7 +115,7 @@ def decode_rows(
 ) -> DecodeColumns:
     """The standard step: ``token_ids[i]`` at ``seq_len - 1``, over ``decode_seq`` (``seq``:
     :func:`checked_seq_lens`' ``A`` lengths)."""
-    shortest, longest = int_range(seq, A)
+    shortest, longest = int(seq.min()), int(seq.max())
     if shortest < 1:
         raise BlockprepValueError("decode seq_lens must be positive")
     tokens = token_column(batch.token_ids, A, "token_ids")
