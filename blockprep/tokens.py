@@ -16,7 +16,6 @@ import numpy.typing as npt
 import torch
 
 from blockprep.buffers import check_writable, host_tensor
-from blockprep.engine import assign_ints
 from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int, has_integer_dtype, is_integer_id
 
@@ -77,7 +76,7 @@ class PaddedTokenBuffer:
         self._tensor = buffer
         self._rows: npt.NDArray[Any] = buffer.numpy()
         self._column = self._rows[:, 0]  # what a step writes
-        self._wide = self._rows.dtype in (np.dtype(np.int32), np.dtype(np.int64))  # assign_ints'
+        self._wide = self._rows.dtype in (np.dtype(np.int32), np.dtype(np.int64))  # paged_step's
         info = np.iinfo(self._rows.dtype)
         self._low, self._high = int(info.min), int(info.max)
         self.reset()
@@ -135,10 +134,7 @@ class PaddedTokenBuffer:
     def write_array(self, tokens: npt.NDArray[Any] | list[int]) -> None:
         """Write ``tokens[i]`` into column 0 of row ``i``, unchecked: call :meth:`fits` (or
         :meth:`check_tokens`) first."""
-        if self._wide:
-            assign_ints(self._column, tokens)
-        else:
-            self._column[: len(tokens)] = tokens
+        self._column[: len(tokens)] = tokens
 
     def write(self, tokens: list[int]) -> None:
         """Write ``tokens[i]`` into column 0 of row ``i``; checked first (see

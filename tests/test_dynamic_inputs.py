@@ -408,59 +408,6 @@ def test_paged_step_of_a_step() -> None:
             module.paged_step([1, 129], [11, 12], {}, *args, out[0], frozen, out[2])
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.sampled_from([np.int32, np.int64]), st.integers(0, 3), st.data())
-def test_put_ints_equals_numpy_assignment(dtype: Any, spare: int, data: st.DataObject) -> None:
-    """The compiled ``put_ints`` writes what NumPy's assignment of the same checked list writes
-    (its specification: the twin's callers assign with NumPy), into a column of a 2-D buffer
-    as into a plain array."""
-    info = np.iinfo(dtype)
-    values = data.draw(st.lists(st.integers(int(info.min), int(info.max)), max_size=12))
-    cells = len(values) + spare
-    for strided in (False, True):
-        rows = np.full((cells, 3), 7, dtype)
-        dst = rows[:, 0] if strided else rows.reshape(-1)[:cells]
-        want = rows.copy()
-        (want[:, 0] if strided else want.reshape(-1)[:cells])[: len(values)] = values
-        compiled.put_ints(dst, values)
-        assert np.array_equal(rows, want)
-
-
-@pytest.mark.parametrize(
-    "dst,values,error",
-    [
-        (np.zeros(3, np.int32), (1, 2), TypeError),
-        (np.zeros(3, np.int32), [1, 2.0], TypeError),
-        (np.zeros(3, np.int32), [1, True], TypeError),
-        (np.zeros(3, np.int32), [1, np.int64(2)], TypeError),
-        (np.zeros(3, np.int32), [1, 2**31], ValueError),
-        (np.zeros(3, np.int32), [1, -(2**31) - 1], ValueError),
-        (np.zeros(3, np.int64), [1, 2**63], ValueError),
-        (np.zeros(3, np.int32), [1, 2, 3, 4], ValueError),
-        (np.zeros(3, np.float32), [1], TypeError),
-        (np.zeros(3, np.int16), [1], TypeError),
-        (np.zeros((3, 1), np.int32), [1], TypeError),
-        (np.zeros(3, np.int32).astype(">i4"), [1], TypeError),
-        (np.zeros(3, np.int32), None, TypeError),
-        (b"\x00" * 12, [1], TypeError),
-        (None, [1], TypeError),
-    ],
-)
-def test_put_ints_refuses_and_writes_nothing(dst: Any, values: Any, error: type) -> None:
-    before = bytes(dst) if dst is not None else None
-    with pytest.raises(error):
-        compiled.put_ints(dst, values)
-    assert (bytes(dst) if dst is not None else None) == before
-
-
-def test_put_ints_refuses_a_read_only_buffer() -> None:
-    dst = np.zeros(3, np.int32)
-    dst.flags.writeable = False
-    with pytest.raises(TypeError, match="writable"):
-        compiled.put_ints(dst, [1])
-    assert dst.tolist() == [0, 0, 0]
-
-
 ID = st.one_of(
     st.sampled_from(["r0", "r1", "r2", "a" * 40, "é", "é0", "日本", "日", "\U0001f600"]).map(
         lambda s: "".join(s)  # equal, not the same object; 1-, 2- and 4-byte kinds

@@ -21,7 +21,6 @@ KERNEL_FUNCTIONS = {
     "index_ops",
     "index_records",
     "paged_step",
-    "put_ints",
     "step_slots",
 }
 """The compiled ``blockprep.engine._kernel`` module's public functions."""

@@ -50,7 +50,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import BACKEND, assign_ints, kernel_buffer, paged_step, step_slots
+from blockprep.engine import BACKEND, kernel_buffer, paged_step, step_slots
 from blockprep.errors import BlockprepValueError
 from blockprep.ids import INT32_MAX, as_int
 from blockprep.reference import QwenDecodePrep97
@@ -604,8 +604,8 @@ class QwenDecodePreparer:
         """Write the checked step and replicate row 0 into rows ``count..B-1``."""
         self._tokens.write_array(tokens)
         seq_view, slot_view = self._seq_view, self._slot_view
-        assign_ints(seq_view, seq_lens)  # count values: lists (small batches) or arrays
-        assign_ints(slot_view, slots)
+        seq_view[: len(seq_lens)] = seq_lens  # count values: lists (small batches) or arrays
+        slot_view[: len(slots)] = slots
         self._pad_and_sync(count)
 
     def _pad_and_sync(self, count: int) -> None:

@@ -9,10 +9,9 @@ Both provide ``GroupKernel`` with the same signatures and results (see
   paged decode step's slots), ``paged_step`` (those slots, the tokens and the lengths written
   in one call) and ``differing_rows`` (where two lists of ids differ); the twin:
   :mod:`blockprep.engine.dynamic`;
-- ``index_ops``, a grouped wire message's rows by group, and ``put_ints``, a list of ints written
-  into an int32 or int64 column: ``None`` with the twin, where the callers' own code (the
-  DeepSeek preparer's walk of the message, NumPy's assignment), which they speed up, runs and is
-  their specification (``assign_ints`` picks between the two for a column write).
+- ``index_ops``, a grouped wire message's rows by group: ``None`` with the twin, where the
+  caller's own code (the DeepSeek preparer's walk of the message), which it speeds up, runs and
+  is its specification.
 
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
@@ -42,12 +41,11 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.packed import index_records
 
     index_ops: Callable[[Any, dict[Any, Any], dict[Any, Any]], list[dict[int, Any]] | None] | None
-    put_ints: Callable[[Any, list[int]], None] | None
 
     BACKEND = "python"
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
-    index_records, index_ops, put_ints = packed.index_records, None, None
+    index_records, index_ops = packed.index_records, None
     decode_inputs = dynamic.decode_inputs
     step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
     differing_rows = dynamic.differing_rows
@@ -61,7 +59,6 @@ else:
             index_ops,
             index_records,
             paged_step,
-            put_ints,
             step_slots,
         )
 
@@ -70,23 +67,13 @@ else:
         BACKEND = "c"
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
-        index_records, index_ops, put_ints = packed.index_records, None, None
+        index_records, index_ops = packed.index_records, None
         decode_inputs = dynamic.decode_inputs
         step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
         differing_rows = dynamic.differing_rows
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
         log.fallback(error)  # a WARNING record, once (not when forced)
-
-
-def assign_ints(dst: Any, values: Any) -> None:
-    """``dst[:len(values)] = values`` into a 1-D int32 or int64 NumPy array of any stride: a list
-    of ints through the compiled ``put_ints`` (checked; no NumPy conversion machinery), anything
-    else (an array, or any list with the twin) by NumPy's assignment."""
-    if put_ints is not None and type(values) is list:
-        put_ints(dst, values)
-    else:
-        dst[: len(values)] = values
 
 
 def kernel_buffer(array: npt.NDArray[Any]) -> Any:
@@ -106,7 +93,6 @@ __all__ = [
     "BACKEND",
     "FORCED_PURE_PYTHON",
     "GroupKernel",
-    "assign_ints",
     "decode_inputs",
     "differing_rows",
     "index_ops",
@@ -114,7 +100,6 @@ __all__ = [
     "kernel_backend",
     "kernel_buffer",
     "paged_step",
-    "put_ints",
     "step_slots",
     "twin",
 ]

@@ -678,8 +678,6 @@ static PyMethodDef module_methods[] = {
      "token_out, seq_out, slot_out) -> bool: slots, tokens and lengths written, or nothing"},
     {"differing_rows", (PyCFunction)(void (*)(void))bk_differing_rows, METH_FASTCALL,
      "differing_rows(new, old) -> the rows r where new[r] != old[r], or None"},
-    {"put_ints", (PyCFunction)bk_put_ints, METH_VARARGS,
-     "put_ints(dst, values): dst[i] = values[i] for a list of ints, checked first"},
     {NULL, NULL, 0, NULL},
 };
 

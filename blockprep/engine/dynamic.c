@@ -2,7 +2,7 @@
  * dynamic.c: a decode step's dynamic inputs in one call each (module functions of _kernel):
  * decode_inputs (per table row, its request's token, position seq - 1 and KV length), step_slots (a paged decode
  * step's slots, or None when a row fails a check), paged_step (those slots, the tokens and the
- * lengths written into three columns in the same call), put_ints and differing_rows. The twin
+ * lengths written into three columns in the same call) and differing_rows. The twin
  * (the specification) is blockprep/engine/dynamic.py: same arguments, results, errors and
  * messages.
  *
@@ -406,54 +406,6 @@ done:
         PyBuffer_Release(&out[held]);
     paged_release(&p);
     return result;
-}
-
-/* put_ints(dst, values): dst[i] = values[i] for a list of exact ints, into a writable 1-D int32
- * or int64 buffer of any stride (a token buffer's column 0). Every value is checked to fit
- * before the first write. What `dst[:len(values)] = values` does for a NumPy dst, without the
- * conversion machinery (about 6,500 instructions for 16 values there); with the twin the callers
- * assign with NumPy themselves (their checks before make these ones pass). */
-PyObject *bk_put_ints(PyObject *module, PyObject *args)
-{
-    PyObject *dst, *values;
-    if (!PyArg_ParseTuple(args, "OO:put_ints", &dst, &values))
-        return NULL;
-    if (!PyList_CheckExact(values)) {
-        PyErr_Format(PyExc_TypeError, "values must be a list, got %s", bk_type_name(values));
-        return NULL;
-    }
-    Py_buffer v;
-    const int items = int_column(dst, &v, 0, "dst"), wide = items == 8;
-    if (items < 0)
-        return NULL;
-    const Py_ssize_t n = PyList_GET_SIZE(values);
-    if (n > v.shape[0]) {
-        PyErr_Format(PyExc_ValueError, "%zd values for %zd cells", n, v.shape[0]);
-        PyBuffer_Release(&v);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) { /* no Python code runs in this loop or the next */
-        PyObject *x = PyList_GET_ITEM(values, i);
-        if (!PyLong_CheckExact(x)) {
-            PyErr_Format(PyExc_TypeError, "values[%zd] is %s, not an int", i, bk_type_name(x));
-            PyBuffer_Release(&v);
-            return NULL;
-        }
-        int overflow = 0;
-        long long value = exact_value(x);
-        if (value == BIG) /* beyond int64, or int64's least value itself */
-            PyLong_AsLongLongAndOverflow(x, &overflow);
-        if (overflow || (!wide && (value < -(long long)INT32_MAX - 1 || value > INT32_MAX))) {
-            PyErr_Format(PyExc_ValueError, "values[%zd] = %R does not fit %s", i, x,
-                         wide ? "int64" : "int32");
-            PyBuffer_Release(&v);
-            return NULL;
-        }
-    }
-    for (Py_ssize_t i = 0; i < n; i++) /* i < shape[0]: in the buffer; BIG: LLONG_MIN, checked */
-        put_cell(&v, items, i, exact_value(PyList_GET_ITEM(values, i)));
-    PyBuffer_Release(&v);
-    Py_RETURN_NONE;
 }
 
 /* differing_rows(new, old): the rows r where new[r] != old[r] (operator.ne, as the twin's map),

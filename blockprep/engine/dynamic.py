@@ -226,7 +226,7 @@ def step_slots(
 
 def _column(obj: object, name: str, rows: int) -> npt.NDArray[Any]:
     """A writable 1-D int32 or int64 array of any stride with at least ``rows`` cells (what the
-    compiled ``put_ints`` writes into); ``TypeError`` / ``ValueError`` otherwise."""
+    compiled ``paged_step`` writes into); ``TypeError`` / ``ValueError`` otherwise."""
     if (
         type(obj) is np.ndarray
         and obj.ndim == 1

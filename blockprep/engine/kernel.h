@@ -176,6 +176,6 @@ PyObject *bk_decode_inputs(PyObject *module, PyObject *args);
 PyObject *bk_step_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_differing_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *bk_put_ints(PyObject *module, PyObject *args);
+
 
 #endif
