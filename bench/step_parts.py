@@ -67,7 +67,7 @@ def main(name: str) -> None:
     upstream = workload.constructions["pre-fix"]()
     ours = workload.constructions["blockprep"]()
     rows.integer_array = timed(rows.integer_array, "torch reads")  # type: ignore[assignment]
-    tables.index_ops = timed(tables.index_ops, "kernel index")  # type: ignore[assignment,arg-type]
+    tables._walk = timed(tables._walk, "message walk")  # type: ignore[assignment]
     dynamic.DynamicInputs.write = timed(dynamic.DynamicInputs.write, "dynamic write")  # type: ignore[method-assign]
     steps: list[int] = []
     parts: list[dict[str, int]] = []

@@ -18,7 +18,6 @@ MAX_LINES = 700
 KERNEL_FUNCTIONS = {
     "decode_inputs",
     "differing_rows",
-    "index_ops",
     "index_records",
     "paged_step",
     "step_slots",

@@ -9,9 +9,6 @@ Both provide ``GroupKernel`` with the same signatures and results (see
   paged decode step's slots), ``paged_step`` (those slots, the tokens and the lengths written
   in one call) and ``differing_rows`` (where two lists of ids differ); the twin:
   :mod:`blockprep.engine.dynamic`;
-- ``index_ops``, a grouped wire message's rows by group: ``None`` with the twin, where the
-  caller's own code (the DeepSeek preparer's walk of the message), which it speeds up, runs and
-  is its specification.
 
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
@@ -21,7 +18,6 @@ is made once, at import; it is "c" only when both compiled modules were built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
@@ -40,12 +36,10 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.twin import GroupKernel
     from blockprep.packed import index_records
 
-    index_ops: Callable[[Any, dict[Any, Any], dict[Any, Any]], list[dict[int, Any]] | None] | None
-
     BACKEND = "python"
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
-    index_records, index_ops = packed.index_records, None
+    index_records = packed.index_records
     decode_inputs = dynamic.decode_inputs
     step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
     differing_rows = dynamic.differing_rows
@@ -56,7 +50,6 @@ else:
             GroupKernel,
             decode_inputs,
             differing_rows,
-            index_ops,
             index_records,
             paged_step,
             step_slots,
@@ -67,7 +60,7 @@ else:
         BACKEND = "c"
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
-        index_records, index_ops = packed.index_records, None
+        index_records = packed.index_records
         decode_inputs = dynamic.decode_inputs
         step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
         differing_rows = dynamic.differing_rows
@@ -95,7 +88,6 @@ __all__ = [
     "GroupKernel",
     "decode_inputs",
     "differing_rows",
-    "index_ops",
     "index_records",
     "kernel_backend",
     "kernel_buffer",

@@ -667,8 +667,6 @@ static PyTypeObject GroupKernelType = {
 static PyMethodDef module_methods[] = {
     {"index_records", (PyCFunction)bk_index_records, METH_VARARGS,
      "index_records(data, count, rows, groups) -> [{table row: (offset, ...)}] per group, or None"},
-    {"index_ops", (PyCFunction)bk_index_ops, METH_VARARGS,
-     "index_ops(rows, row_of, groups) -> [{table row: ops}] per group, or None"},
     {"decode_inputs", (PyCFunction)bk_decode_inputs, METH_VARARGS,
      "decode_inputs(source, tokens, seq, input_ids, position_ids, kv_seq_lens): a decode step's rows"},
     {"step_slots", (PyCFunction)(void (*)(void))bk_step_slots, METH_FASTCALL,

@@ -171,7 +171,7 @@ PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nar
 PyObject *bk_stage(GroupKernel *self, PyObject *args);
 PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */
-PyObject *bk_index_ops(PyObject *module, PyObject *args);
+
 PyObject *bk_decode_inputs(PyObject *module, PyObject *args);
 PyObject *bk_step_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -115,7 +115,7 @@ def decode_rows(
 ) -> DecodeColumns:
     """The standard step: ``token_ids[i]`` at ``seq_len - 1``, over ``decode_seq`` (``seq``:
     :func:`checked_seq_lens`' ``A`` lengths)."""
-    shortest, longest = int(seq.min()), int(seq.max())
+    shortest, longest = int(np.minimum.reduce(seq)), int(np.maximum.reduce(seq))
     if shortest < 1:
         raise BlockprepValueError("decode seq_lens must be positive")
     tokens = token_column(batch.token_ids, A, "token_ids")

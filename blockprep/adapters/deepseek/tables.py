@@ -22,7 +22,7 @@ from blockprep.adapters.deepseek.checks import raise_first, upstream_error
 from blockprep.adapters.deepseek.layout import GROUP_NAMES, DeepSeekV4Layout
 from blockprep.adapters.deepseek.lifecycle import Slot
 from blockprep.batch import DecodeBatch
-from blockprep.engine import index_ops, index_records
+from blockprep.engine import index_records
 from blockprep.errors import BlockprepValueError
 from blockprep.grouped import BlockIdValueError, GroupedStep, GroupedTables, TableGroup
 from blockprep.packed import header, is_packed, records
@@ -115,11 +115,8 @@ def plan_deltas(
         raise BlockprepValueError(
             "a DeepSeekV4 batch carries block_ids_by_group or block_deltas, not both"
         )
-    if data is None:  # the message's rows by group: in C where built, else (or any doubt) _walk
-        index = None
-        if rows and index_ops is not None:
-            index = index_ops(rows, assignment.row_of, _GROUP_INDEX)
-        changes = list(_walk(rows, assignment).values()) if index is None else index
+    if data is None:  # the message's rows by group
+        changes = list(_walk(rows, assignment).values())
     perm = assignment.perm
     A = len(assignment.ranks)
 
@@ -137,10 +134,25 @@ def plan_deltas(
     return step, seq
 
 
-_GROUP_INDEX = {name: g for g, name in enumerate(GROUP_NAMES)}
-
-
 def _walk(rows: Mapping[Any, Any], assignment: Assignment) -> dict[str, dict[int, Any]]:
+    """A wire message's rows by group name (``{table row: ops}``): the plain message (every
+    request in the batch, each a dict by known group name) in one pass; anything else through
+    :func:`_checked_walk`, which words each fault."""
+    by_name: dict[str, dict[int, Any]] = {name: {} for name in GROUP_NAMES}
+    row_of = assignment.row_of
+    try:
+        for request, groups in rows.items():
+            row = row_of[request]
+            if type(groups) is not dict:
+                return _checked_walk(rows, assignment)
+            for name, ops in groups.items():
+                by_name[name][row] = ops
+    except (KeyError, TypeError):
+        return _checked_walk(rows, assignment)
+    return by_name
+
+
+def _checked_walk(rows: Mapping[Any, Any], assignment: Assignment) -> dict[str, dict[int, Any]]:
     """A wire message's rows by group name (``{table row: ops}``), each fault its own
     :class:`DeltaMessageError` (the request or group named)."""
     by_name: dict[str, dict[int, Any]] = {name: {} for name in GROUP_NAMES}
