@@ -6,7 +6,7 @@ Usage (from a directory that holds no ``blockprep``)::
 
 Runs the workload's trace as the bench interleaves it (upstream's pre-fix step, then
 blockprep's, round by round, one torch thread, the garbage collector off) and times, inside
-each blockprep step, the table kernel's calls (``stage`` / ``stage_ops``, ``commit``, the
+each blockprep step, the table kernel's calls (``stage``, ``commit``, the
 message index), the torch reads (``tensor.numpy()`` of the lengths and tokens) and the dynamic
 inputs' write. Prints the median step and each part's median over the steps: their sum is a
 floor that no rewrite of the Python around them can go below (the timers add a little).
@@ -53,7 +53,6 @@ class TimedKernel:
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
         self.stage = timed(kernel.stage, "kernel stage")
-        self.stage_ops = timed(kernel.stage_ops, "kernel stage")
         self.commit = timed(kernel.commit, "kernel commit")
 
     def __getattr__(self, name: str) -> Any:

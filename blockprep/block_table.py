@@ -353,7 +353,7 @@ class BlockTable:
             stay = self._stay
             stay[dst] = src
             try:
-                plan, _ = kernel.stage_ops([dst], _NO_OPS, stay, convert)
+                plan, _ = kernel.stage([dst], _NO_OPS, stay, convert, ops=True)
             finally:
                 stay[dst] = dst
             if not plan:
@@ -628,7 +628,7 @@ class BlockTable:
                 stay[dst] = src
             try:
                 dst_rows = [dst for dst, _ in held]
-                plan, fault = kernel.stage_ops(dst_rows, [None] * len(held), stay, convert)
+                plan, fault = kernel.stage(dst_rows, [None] * len(held), stay, convert, ops=True)
             finally:
                 for dst, _ in held:
                     stay[dst] = dst
@@ -692,4 +692,4 @@ class BlockTable:
 
 
 _NO_OPS = [None]
-"""``stage_ops`` items of one row that holds what its source row holds (never mutated)."""
+"""``stage`` ops items of one row that holds what its source row holds (never mutated)."""

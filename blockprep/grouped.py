@@ -462,7 +462,7 @@ class GroupedTables:
             else:
                 rows = sorted(group_changes)
                 items = list(map(group_changes.__getitem__, rows))
-            plan, fault = kernel.stage_ops(rows, items, srcs, _convert, data)
+            plan, fault = kernel.stage(rows, items, srcs, _convert, data=data, ops=True)
             if fault is not None:
                 if fault[0] == OPS:
                     ops = group_changes.get(fault[1])

@@ -1,6 +1,6 @@
 """BlockTable's deltas: ``append``, ``set_ids``, ``truncate`` and ``apply_deltas``, checked, then
-given to the table's kernel as :mod:`blockprep.wire` operations (one ``stage_ops`` and one commit
-per call, whatever the number of rows).
+given to the table's kernel as :mod:`blockprep.wire` operations (one ``stage`` of ops items and
+one commit per call, whatever the number of rows).
 
 The checks and their messages are the table's (the row named, then the offending value); the
 kernel checks the ids again and writes only the cells that change. A paged step given as
@@ -137,7 +137,7 @@ class RowDeltas:
             self._known(row)
             ids = self._ids(row, ids)
         kernel = table._kernel
-        plan, fault = kernel.stage_ops([row], [[[APPEND, ids]]], table._stay, convert)
+        plan, fault = kernel.stage([row], [[[APPEND, ids]]], table._stay, convert, ops=True)
         if fault is not None:  # the checks pick the message
             length = self._known(row)
             check_length(row, length + len(self._ids(row, ids)), table.max_blocks, table.kind)
@@ -154,7 +154,7 @@ class RowDeltas:
         for value in values:
             if type(value) is not int and (type(value) is not list or not _plain(value)):
                 return 0
-        plan, fault = table._kernel.stage_ops([row], [[op]], table._stay, convert)
+        plan, fault = table._kernel.stage([row], [[op]], table._stay, convert, ops=True)
         if fault is not None or not plan:
             return 0
         return self._commit(plan, 1, [row])
@@ -200,7 +200,7 @@ class RowDeltas:
             return 0
         rows = list(entries)
         items = [entry.ops for entry in entries.values()]
-        plan, fault = table._kernel.stage_ops(rows, items, table._stay, convert)
+        plan, fault = table._kernel.stage(rows, items, table._stay, convert, ops=True)
         assert fault is None, fault  # every delta was checked above
         return self._commit(plan, len(rows))
 
@@ -225,7 +225,9 @@ class RowDeltas:
             for row in changes:
                 srcs[row] = NEW
         rows = list(changes)
-        plan, fault = table._kernel.stage_ops(rows, list(changes.values()), srcs, convert, data)
+        plan, fault = table._kernel.stage(
+            rows, list(changes.values()), srcs, convert, data=data, ops=True
+        )
         if fault is not None:
             self._raise_records(data, fault, changes[fault[1]], None if whole else fault[1])
         return plan
@@ -275,7 +277,9 @@ class RowDeltas:
                 entry.append([APPEND, ids])
         if not ops:
             return 0
-        plan, fault = table._kernel.stage_ops(list(ops), list(ops.values()), table._stay, convert)
+        plan, fault = table._kernel.stage(
+            list(ops), list(ops.values()), table._stay, convert, ops=True
+        )
         if fault is not None:
             return None
         return self._commit(plan, len(ops))

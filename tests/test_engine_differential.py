@@ -255,10 +255,16 @@ class KernelPair(RuleBasedStateMachine):
         srcs = [
             data.draw(st.sampled_from([r, r, r, NEW, PADDING, *range(rows)])) for r in range(rows)
         ]
-        visit = sorted(set(data.draw(st.lists(st.integers(0, rows - 1), max_size=rows))))
+        every = data.draw(st.booleans())  # rows None: an item for every row, in row order
+        visit = (
+            list(range(rows))
+            if every
+            else sorted(set(data.draw(st.lists(st.integers(0, rows - 1), max_size=rows))))
+        )
         items = [self._row(data, r) if srcs[r] == PADDING else self._ops(data, r) for r in visit]
-        plan_c, fault_c = self.c.stage_ops(visit, items, srcs, _convert)
-        plan_py, fault_py = self.py.stage_ops(visit, items, srcs, _convert)
+        given = None if every else visit
+        plan_c, fault_c = self.c.stage(given, items, srcs, _convert, ops=True)
+        plan_py, fault_py = self.py.stage(given, items, srcs, _convert, ops=True)
         assert same_fault(fault_c, fault_py), (fault_c, fault_py)
         if fault_c is not None:
             return
@@ -310,7 +316,7 @@ class KernelPair(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def step_packed(self, data: Any) -> None:
-        """Rows given as packed records read in place (``stage_ops(..., data)``)."""
+        """Rows given as packed records read in place (``stage(..., ops=True, data=...)``)."""
         rows = self.rows
         srcs = [
             data.draw(st.sampled_from([r, r, r, NEW, PADDING, *range(rows)])) for r in range(rows)
@@ -325,7 +331,7 @@ class KernelPair(RuleBasedStateMachine):
         results = []
         for kernel in (self.c, self.py):
             try:
-                results.append(kernel.stage_ops(visit, items, srcs, _convert, payload))
+                results.append(kernel.stage(visit, items, srcs, _convert, data=payload, ops=True))
             except (TypeError, ValueError) as error:
                 results.append(error)
         out_c, out_py = results

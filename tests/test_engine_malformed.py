@@ -541,9 +541,11 @@ def test_convert_error_propagates(K: type, where: str) -> None:
     calls: dict[str, Callable[[World], Any]] = {
         "stage": lambda w: w.k.stage([0], [[1, 2, 4.5]], STAY, boom),
         "stage-new": lambda w: w.k.stage([3], [[4.5]], [0, 1, 2, NEW], boom),
-        "stage_ops-append": lambda w: w.k.stage_ops([0], [[["a", [4.5]]]], STAY, boom),
-        "stage_ops-set": lambda w: w.k.stage_ops([0], [[["s", [0], [4.5]]]], STAY, boom),
-        "stage_ops-whole": lambda w: w.k.stage_ops([3], [[["w", [4.5]]]], [0, 1, 2, NEW], boom),
+        "stage_ops-append": lambda w: w.k.stage([0], [[["a", [4.5]]]], STAY, boom, ops=True),
+        "stage_ops-set": lambda w: w.k.stage([0], [[["s", [0], [4.5]]]], STAY, boom, ops=True),
+        "stage_ops-whole": lambda w: w.k.stage(
+            [3], [[["w", [4.5]]]], [0, 1, 2, NEW], boom, ops=True
+        ),
         "index": lambda w: w.k.stage([0], [[1, 2, BadIndex()]], STAY, index_convert),
     }
     rejected(K, calls[where], Boom)
@@ -551,7 +553,7 @@ def test_convert_error_propagates(K: type, where: str) -> None:
 
 def test_convert_not_callable(K: type) -> None:
     rejected(K, lambda w: w.k.stage([0], [[1, 2, 4.5]], STAY, 5), TypeError)
-    rejected(K, lambda w: w.k.stage_ops([0], [[["a", [4.5]]]], STAY, None), TypeError)
+    rejected(K, lambda w: w.k.stage([0], [[["a", [4.5]]]], STAY, None, ops=True), TypeError)
 
 
 class Mutating:
@@ -631,19 +633,19 @@ def test_step_changed_under_a_callback(request: pytest.FixtureRequest, K: type, 
             return 9
 
         if what == "items":
-            return w.k.stage_ops([0, 1, 2], items, srcs, convert)
+            return w.k.stage([0, 1, 2], items, srcs, convert, ops=True)
         return w.k.stage(None if what == "lists-all-rows" else [0, 1, 2, 3], lists, srcs, convert)
 
     rejected(K, call, RuntimeError)
 
 
-# --- stage_ops ------------------------------------------------------------------------------------
+# --- stage of ops items ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("rows", "items", "srcs", "exc", "issue"),
     [
-        (None, [None], STAY, TypeError, None),
+        (None, [None], STAY, ValueError, None),  # rows None: an item per table row
         (5, [None], STAY, TypeError, None),
         ((0,), [None], STAY, TypeError, "sequence_args"),
         ([0], (None,), STAY, TypeError, "sequence_args"),
@@ -656,7 +658,7 @@ def test_step_changed_under_a_callback(request: pytest.FixtureRequest, K: type, 
     ],
     ids=lambda v: type(v).__name__ if not isinstance(v, (str, type)) else str(v),
 )
-def test_stage_ops_rejects_bad_containers(
+def test_stage_of_ops_rejects_bad_containers(
     request: pytest.FixtureRequest,
     K: type,
     rows: Any,
@@ -666,7 +668,7 @@ def test_stage_ops_rejects_bad_containers(
     issue: str | None,
 ) -> None:
     known(request, K, issue)
-    rejected(K, lambda w: w.k.stage_ops(rows, items, srcs, _convert), exc)
+    rejected(K, lambda w: w.k.stage(rows, items, srcs, _convert, ops=True), exc)
 
 
 @pytest.mark.parametrize(
@@ -682,19 +684,19 @@ def test_stage_ops_rejects_bad_containers(
     ],
     ids=repr,
 )
-def test_stage_ops_rejects_bad_rows(K: type, row: Any, exc: type) -> None:
-    rejected(K, lambda w: w.k.stage_ops([row], [None], STAY, _convert), exc)
-    rejected(K, lambda w: w.k.stage_ops([0, row], [[["a", [9]]], None], STAY, _convert), exc)
+def test_stage_of_ops_rejects_bad_rows(K: type, row: Any, exc: type) -> None:
+    rejected(K, lambda w: w.k.stage([row], [None], STAY, _convert, ops=True), exc)
+    rejected(K, lambda w: w.k.stage([0, row], [[["a", [9]]], None], STAY, _convert, ops=True), exc)
 
 
 @pytest.mark.parametrize("src", BAD_SRCS, ids=repr)
-def test_stage_ops_rejects_bad_srcs(K: type, src: Any) -> None:
-    rejected(K, lambda w: w.k.stage_ops([0], [None], [src, 1, 2, 3], _convert), ValueError)
+def test_stage_of_ops_rejects_bad_srcs(K: type, src: Any) -> None:
+    rejected(K, lambda w: w.k.stage([0], [None], [src, 1, 2, 3], _convert, ops=True), ValueError)
 
 
 @pytest.mark.parametrize("item", [None, (1, 2), "12", 5, ListSub([1])], ids=repr)
-def test_stage_ops_padding_row_must_be_a_list(K: type, item: Any) -> None:
-    rejected(K, lambda w: w.k.stage_ops([1], [item], [0, PADDING, 2, 3], _convert), TypeError)
+def test_stage_of_ops_padding_row_must_be_a_list(K: type, item: Any) -> None:
+    rejected(K, lambda w: w.k.stage([1], [item], [0, PADDING, 2, 3], _convert, ops=True), TypeError)
 
 
 BAD_OPS: list[Any] = [
@@ -733,36 +735,40 @@ BAD_OPS: list[Any] = [
 
 
 @pytest.mark.parametrize("ops", BAD_OPS, ids=repr)
-def test_stage_ops_malformed_ops_fault(K: type, ops: Any) -> None:
+def test_stage_of_ops_malformed_ops_fault(K: type, ops: Any) -> None:
     """Ops wire.apply_ops rejects: fault OPS on that row (row 0 holds [1, 2, 3])."""
-    assert faulted(K, lambda w: w.k.stage_ops([0], [ops], STAY, _convert)) == (OPS, 0, None)
+    assert faulted(K, lambda w: w.k.stage([0], [ops], STAY, _convert, ops=True)) == (OPS, 0, None)
 
 
 @pytest.mark.parametrize(
     "ops", [None, [["a", [1]]], [["s", [0], [1]]], [["t", 0]], [["t", 0], ["w", []]]], ids=repr
 )
-def test_stage_ops_new_request_without_whole_list(K: type, ops: Any) -> None:
+def test_stage_of_ops_new_request_without_whole_list(K: type, ops: Any) -> None:
     """A request new to the table (or its source unknown): its first op must be a whole list."""
-    assert faulted(K, lambda w: w.k.stage_ops([3], [ops], [0, 1, 2, NEW], _convert)) == (
+    assert faulted(K, lambda w: w.k.stage([3], [ops], [0, 1, 2, NEW], _convert, ops=True)) == (
         OPS,
         3,
         None,
     )
-    assert faulted(K, lambda w: w.k.stage_ops([0], [ops], [3, 1, 2, 3], _convert)) == (OPS, 0, None)
+    assert faulted(K, lambda w: w.k.stage([0], [ops], [3, 1, 2, 3], _convert, ops=True)) == (
+        OPS,
+        0,
+        None,
+    )
 
 
-def test_stage_ops_huge_lengths(K: type) -> None:
-    assert faulted(K, lambda w: w.k.stage_ops([0], [[["w", HUGE]]], STAY, _convert)) == (
+def test_stage_of_ops_huge_lengths(K: type) -> None:
+    assert faulted(K, lambda w: w.k.stage([0], [[["w", HUGE]]], STAY, _convert, ops=True)) == (
         LENGTH,
         0,
         10**6,
     )
-    assert faulted(K, lambda w: w.k.stage_ops([0], [[["a", HUGE]]], STAY, _convert)) == (
+    assert faulted(K, lambda w: w.k.stage([0], [[["a", HUGE]]], STAY, _convert, ops=True)) == (
         LENGTH,
         0,
         10**6 + 3,
     )
-    assert faulted(K, lambda w: w.k.stage_ops([1], [HUGE], [0, PADDING, 2, 3], _convert)) == (
+    assert faulted(K, lambda w: w.k.stage([1], [HUGE], [0, PADDING, 2, 3], _convert, ops=True)) == (
         LENGTH,
         1,
         10**6,
@@ -785,17 +791,17 @@ def test_stage_ops_huge_lengths(K: type) -> None:
     ],
     ids=repr,
 )
-def test_stage_ops_bad_ids_fault(K: type, ops: Any, code: int) -> None:
-    fault = faulted(K, lambda w: w.k.stage_ops([0], [ops], STAY, _convert))
+def test_stage_of_ops_bad_ids_fault(K: type, ops: Any, code: int) -> None:
+    fault = faulted(K, lambda w: w.k.stage([0], [ops], STAY, _convert, ops=True))
     assert fault[:2] == (code, 0)
 
 
-def test_stage_ops_tag_error_propagates(K: type) -> None:
-    rejected(K, lambda w: w.k.stage_ops([0], [[[BadEq(), [1]]]], STAY, _convert), Boom)
+def test_stage_of_ops_tag_error_propagates(K: type) -> None:
+    rejected(K, lambda w: w.k.stage([0], [[[BadEq(), [1]]]], STAY, _convert, ops=True), Boom)
 
 
 @pytest.mark.parametrize("what", ["ids", "ops"])
-def test_stage_ops_convert_mutates_its_ops(K: type, what: str) -> None:
+def test_stage_of_ops_convert_mutates_its_ops(K: type, what: str) -> None:
     """convert clears the append's id list (or the row's ops list) it is converting: the ops
     were applied before, so the row stages from what they were; no crash, same on both."""
     w = World(K)
@@ -806,13 +812,13 @@ def test_stage_ops_convert_mutates_its_ops(K: type, what: str) -> None:
         (ids if what == "ids" else ops).clear()
         return 9 if x == 4.5 else 10
 
-    plan, fault = w.k.stage_ops([0], [ops], STAY, convert)
+    plan, fault = w.k.stage([0], [ops], STAY, convert, ops=True)
     assert fault is None
     w.commit(plan, 0)
     assert w.k.held(0) == [1, 2, 3, 9, 10]
 
 
-def test_stage_ops_convert_clears_a_later_op(request: pytest.FixtureRequest, K: type) -> None:
+def test_stage_of_ops_convert_clears_a_later_op(request: pytest.FixtureRequest, K: type) -> None:
     known(request, K, "later_op_cleared")
     w = World(K)
     later = ["a", [6]]
@@ -821,7 +827,7 @@ def test_stage_ops_convert_clears_a_later_op(request: pytest.FixtureRequest, K: 
         later.clear()
         return 5
 
-    plan, fault = w.k.stage_ops([0], [[["a", [4.5]], later]], STAY, convert)
+    plan, fault = w.k.stage([0], [[["a", [4.5]], later]], STAY, convert, ops=True)
     assert fault is None
     w.commit(plan, 0)
     assert w.k.held(0) == [1, 2, 3, 5, 6]
@@ -1199,11 +1205,13 @@ def test_rows_out_of_order_or_repeated(rows: list[int]) -> None:
     lists = [[10 + i, 20 + i] for i in range(len(rows))]
     same_outcome(lambda w: w.k.stage(rows, lists, [0, 1, 2, NEW], _convert))
     same_outcome(
-        lambda w: w.k.stage_ops(rows, [[["a", [30 + i]]] for i in range(len(rows))], STAY, _convert)
+        lambda w: w.k.stage(
+            rows, [[["a", [30 + i]]] for i in range(len(rows))], STAY, _convert, ops=True
+        )
     )
 
 
-def test_stage_ops_rows_shrunk_by_convert() -> None:
+def test_stage_of_ops_rows_shrunk_by_convert() -> None:
     def call(w: World) -> Any:
         rows = [0, 1, 2]
 
@@ -1211,7 +1219,7 @@ def test_stage_ops_rows_shrunk_by_convert() -> None:
             del rows[1:]
             return 50
 
-        return w.k.stage_ops(rows, [[["a", [4.5]]], [["a", [60]]], None], STAY, convert)
+        return w.k.stage(rows, [[["a", [4.5]]], [["a", [60]]], None], STAY, convert, ops=True)
 
     same_outcome(call)
 
@@ -1365,7 +1373,7 @@ SCENARIOS: dict[str, tuple[str, list[Any] | None, bool]] = {
                     return False
                 __hash__ = None
             op = [Tag(), [4]]  # the op holds the only reference to its tag
-            return outcome(lambda: k.stage_ops([0], [[op]], [0, 1, 2, 3], lambda x: None))
+            return outcome(lambda: k.stage([0], [[op]], [0, 1, 2, 3], lambda x: None, ops=True))
         """,
         None,
         True,
@@ -1385,7 +1393,7 @@ SCENARIOS: dict[str, tuple[str, list[Any] | None, bool]] = {
                     return other == "a"
                 __hash__ = None
             op = [Tag(), [4]]
-            return outcome(lambda: k.stage_ops([0], [[op]], [0, 1, 2, 3], lambda x: None))
+            return outcome(lambda: k.stage([0], [[op]], [0, 1, 2, 3], lambda x: None, ops=True))
         """,
         [("plan",), ("raise", "RuntimeError")],
         True,
@@ -1498,3 +1506,20 @@ def test_a_memoryview_table_is_written_alike(K: type) -> None:
     assert k.commit(plan, 0, table, np.zeros((2, 1), np.int32), 0, False)[:2] == (2, 8)
     written = np.frombuffer(store, np.int32).reshape(2, 4).tolist()
     assert written == [[1, 2, -1, -1], [3, -1, -1, -1]]
+
+
+def test_stage_takes_its_arguments_by_name(K: type) -> None:
+    """``stage``'s arguments by position or by name on both kernels (the compiled one parses its
+    keywords by hand); an unknown, repeated or missing one is a ``TypeError``."""
+    k = K(False, 4, 100, 0, 0, 2, 1)
+    by_position = k.stage(None, [[1], [2]], [0, 1], _convert)
+    assert k.stage(rows=None, items=[[1], [2]], srcs=[0, 1], convert=_convert) == by_position
+    assert k.stage([0], [[["a", [5]]]], [0, 1], _convert, ops=True)[1] == (twin.OPS, 0, None)
+    for call in (
+        lambda: k.stage(None, [[1], [2]], [0, 1], _convert, bogus=1),
+        lambda: k.stage(None, [[1], [2]], [0, 1], _convert, rows=None),
+        lambda: k.stage(None, [[1], [2]], [0, 1]),
+        lambda: k.stage(None, [[1], [2]], [0, 1], _convert, None, None),
+    ):
+        with pytest.raises(TypeError):
+            call()

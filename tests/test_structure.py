@@ -37,7 +37,6 @@ KERNEL_METHODS = {
     "reset",
     "rows_of",
     "stage",
-    "stage_ops",
 }
 """The public methods of the compiled ``GroupKernel`` (its read-only members aside)."""
 

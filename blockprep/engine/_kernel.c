@@ -602,10 +602,9 @@ static PyObject *kernel_rows_of(GroupKernel *self, PyObject *plan)
 static PyMethodDef kernel_methods[] = {
     {"held", (PyCFunction)kernel_held, METH_O, "A copy of the ids a row holds (None: unknown)."},
     {"length", (PyCFunction)kernel_length, METH_O, "How many ids a row holds (-1: unknown)."},
-    {"stage", (PyCFunction)bk_stage, METH_VARARGS,
-     "stage(rows, lists, srcs, convert) -> (plan, None) or (None, (code, row, value))"},
-    {"stage_ops", (PyCFunction)bk_stage_ops, METH_VARARGS,
-     "stage_ops(rows, items, srcs, convert, data=None) -> (plan, None) or (None, (code, row, value))"},
+    {"stage", (PyCFunction)(void (*)(void))bk_stage, METH_FASTCALL | METH_KEYWORDS,
+     "stage(rows, items, srcs, convert, key=None, *, ops=False, data=None) -> (plan, None) or "
+     "(None, (code, row, value))"},
     {"commit", (PyCFunction)kernel_commit, METH_VARARGS,
      "commit(plan, slot, table, counts, column, want_rows) -> (rows, cells, rows list or None)"},
     {"bind", (PyCFunction)kernel_bind, METH_VARARGS,

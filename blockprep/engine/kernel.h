@@ -1,4 +1,4 @@
-/* kernel.h: what _kernel.c (the type, commit) and stage.c (stage, stage_ops) share. */
+/* kernel.h: what _kernel.c (the type, commit) and stage.c (stage) share. */
 #ifndef BLOCKPREP_KERNEL_H
 #define BLOCKPREP_KERNEL_H
 
@@ -40,7 +40,7 @@ typedef struct {
     uint64_t *dirty; /* [slots * BK_WORDS(rows)] a row's bit: its mark is not CLEAN (marks.c) */
     uint32_t *stamps;    /* [limit] generation stamps for the repeat check (NULL: limit too big) */
     uint32_t generation;
-    int busy; /* inside stage or stage_ops: a callback calling back in is refused */
+    int busy; /* inside stage: a callback calling back in is refused */
     /* apply_row's slot-0 table and counts (bind): held views, released on dealloc or re-init;
      * bound_table.obj NULL when none */
     Py_buffer bound_table, bound_counts;
@@ -168,8 +168,8 @@ void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
 long long bk_render_row(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_ssize_t r);
 PyObject *bk_apply_row(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs); /* apply_row.c */
 PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *bk_stage(GroupKernel *self, PyObject *args);
-PyObject *bk_stage_ops(GroupKernel *self, PyObject *args);
+PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs,
+                   PyObject *kwnames);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */
 
 PyObject *bk_decode_inputs(PyObject *module, PyObject *args);

@@ -1,11 +1,11 @@
 /*
- * ops.c: GroupKernel.stage_ops (see blockprep/engine/twin.py for the rules): a step's rows given
- * as blockprep.wire operations or packed records, applied to the ids each row's request held,
- * then checked and recorded by stage.c's row step. Nothing persistent changes.
+ * ops.c: GroupKernel.stage's ops items (see blockprep/engine/twin.py for the rules): a step's rows
+ * given as blockprep.wire operations or packed records, applied to the ids each row's request
+ * held, then checked and recorded by stage.c's row step. Nothing persistent changes.
  */
 #include "stage.h"
 
-/* ---- stage_ops: rows given as blockprep.wire operations ---------------------------------------- */
+/* ---- rows given as blockprep.wire operations ------------------------------------------------- */
 
 static PyObject *TAGS[4]; /* "w", "a", "s", "t" */
 
@@ -298,110 +298,48 @@ static int one_set_of(PyObject *item, const unsigned char *data, Py_ssize_t word
     return 1;
 }
 
-PyObject *bk_stage_ops(GroupKernel *self, PyObject *args)
+/* One visited row of a stage of ops items (see bk_stage_item in stage.h). */
+int bk_stage_item(GroupKernel *self, Scratch *s, Py_ssize_t r, long long src, PyObject *item,
+                  const unsigned char *data, Py_ssize_t words, PyObject *convert,
+                  PyObject **fault_out)
 {
-    PyObject *rows, *items, *srcs, *convert, *packed = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOO|O:stage_ops", &rows, &items, &srcs, &convert, &packed))
-        return NULL;
-    if (!PyList_CheckExact(rows) || !PyList_CheckExact(items) || !PyList_CheckExact(srcs)) {
-        PyErr_SetString(PyExc_TypeError, "rows, items and srcs must be lists");
-        return NULL;
-    }
-    if (packed != Py_None && (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4)) {
-        PyErr_SetString(PyExc_TypeError, "data must be None or bytes of whole int32 words");
-        return NULL;
-    }
-    /* bytes are immutable: the payload stays put while callbacks run (packed is the caller's
-     * reference, held for the call) */
-    const unsigned char *data =
-        packed == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(packed);
-    const Py_ssize_t words = packed == Py_None ? 0 : PyBytes_GET_SIZE(packed) / 4;
-    if (PyList_GET_SIZE(srcs) != self->rows) {
-        PyErr_Format(PyExc_ValueError, "srcs must hold %zd rows, got %zd", self->rows,
-                     PyList_GET_SIZE(srcs));
-        return NULL;
-    }
-    if (PyList_GET_SIZE(items) != PyList_GET_SIZE(rows)) {
-        PyErr_Format(PyExc_ValueError, "items must hold %zd rows, got %zd", PyList_GET_SIZE(rows),
-                     PyList_GET_SIZE(items));
-        return NULL;
-    }
-    if (bk_busy(self))
-        return NULL;
-    self->busy = 1;
-    Scratch s = {0};
-    PyObject *fault_value = NULL, *result = NULL;
-    const Py_ssize_t visits = PyList_GET_SIZE(rows);
-    for (Py_ssize_t i = 0; i < visits; i++) {
-        long long r, src;
-        /* rows, items and srcs are the caller's: callbacks may change them. */
-        if (PyList_GET_SIZE(rows) != visits || PyList_GET_SIZE(items) != visits ||
-            PyList_GET_SIZE(srcs) != self->rows) {
-            PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
-            goto done;
+    int status;
+    long long one_p, one_x;
+    if (src == PADDING) { /* a padding row: its ids, by value */
+        if (!PyList_CheckExact(item)) {
+            PyErr_Format(PyExc_TypeError, "row %zd must be a list, got %s", r, bk_type_name(item));
+            return -1;
         }
-        if (bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
-            goto done;
-        if (bk_read_src(self, srcs, r, &src) < 0)
-            goto done;
-        PyObject *item = PyList_GET_ITEM(items, i);
-        Py_INCREF(item);
-        int status;
-        long long one_p, one_x;
-        if (src == PADDING) { /* a padding row: its ids, by value */
-            status = PyList_CheckExact(item)
-                         ? bk_stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
-                                     convert, &fault_value)
-                         : (PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
-                                         bk_type_name(item)),
-                            -1);
-        } else if (src == r && one_set_of(item, data, words, &one_p, &one_x) &&
-                   (status = stage_one_set(self, &s, (Py_ssize_t)r, one_p, one_x)) <= 0) {
-            /* decided: the steady step (status 0), or an exception (-1) */
-        } else {
-            /* The cells start as the ids the request held (none for a new request). */
-            Py_ssize_t n = -1;
-            bk_scratch_drop(&s, 0);
-            if (src >= 0 && self->lens[src] >= 0) {
-                n = self->lens[src];
-                status = bk_scratch_row(&s, n);
-                for (Py_ssize_t p = 0; status == 0 && p < n; p++) {
-                    s.objs[p] = NULL;
-                    s.vals[p] = self->held[src * self->stride + p];
-                }
-                s.nobjs = n;
-            } else {
-                status = 0;
-            }
-            const int records = data && PyTuple_CheckExact(item); /* else: malformed ops */
-            if (status == 0 && records)
-                status = apply_records(&s, data, words, item, (Py_ssize_t)r, &n);
-            else if (status == 0 && item != Py_None)
-                status = apply_ops(&s, item, &n);
-            else if (status == 0 && n < 0)
-                status = 1; /* a new request without its whole list */
-            if (status == 1)
-                fault_value = Py_BuildValue("(O(inO))", Py_None, F_OPS, (Py_ssize_t)r, Py_None);
-            else if (status == 0 && item != Py_None && !records)
-                status = check_set_ids(item, (Py_ssize_t)r, convert, &fault_value);
-            if (status == 0) {
-                /* Held cells keep their value in s.vals; the rest read from s.objs. */
-                status = bk_stage_row(self, &s, (Py_ssize_t)r, NULL, n, src, convert, &fault_value);
-            }
-            if (status == 1 && !fault_value)
-                status = -1;
-        }
-        Py_DECREF(item);
-        if (status < 0)
-            goto done;
-        if (status > 0) {
-            result = fault_value;
-            goto done;
-        }
+        return bk_stage_row(self, s, r, item, PyList_GET_SIZE(item), src, convert, fault_out);
     }
-    result = bk_finished_plan(&s);
-done:
-    self->busy = 0;
-    bk_scratch_free(&s);
-    return result;
+    if (src == r && one_set_of(item, data, words, &one_p, &one_x) &&
+        (status = stage_one_set(self, s, r, one_p, one_x)) <= 0)
+        return status; /* decided: the steady step (0), or an exception (-1) */
+    /* The cells start as the ids the request held (none for a new request). */
+    Py_ssize_t n = -1;
+    bk_scratch_drop(s, 0);
+    status = 0;
+    if (src >= 0 && self->lens[src] >= 0) {
+        n = self->lens[src];
+        status = bk_scratch_row(s, n);
+        for (Py_ssize_t p = 0; status == 0 && p < n; p++) {
+            s->objs[p] = NULL;
+            s->vals[p] = self->held[src * self->stride + p];
+        }
+        s->nobjs = n;
+    }
+    const int records = data && PyTuple_CheckExact(item); /* else: malformed ops */
+    if (status == 0 && records)
+        status = apply_records(s, data, words, item, r, &n);
+    else if (status == 0 && item != Py_None)
+        status = apply_ops(s, item, &n);
+    else if (status == 0 && n < 0)
+        status = 1; /* a new request without its whole list */
+    if (status == 1)
+        *fault_out = Py_BuildValue("(O(inO))", Py_None, F_OPS, r, Py_None);
+    else if (status == 0 && item != Py_None && !records)
+        status = check_set_ids(item, r, convert, fault_out);
+    if (status == 0) /* held cells keep their value in s->vals; the rest read from s->objs */
+        status = bk_stage_row(self, s, r, NULL, n, src, convert, fault_out);
+    return status == 1 && !*fault_out ? -1 : status;
 }

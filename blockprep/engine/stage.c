@@ -1,8 +1,8 @@
 /*
  * stage.c: GroupKernel.stage (see _kernel.c for the state and blockprep/engine/twin.py for the
  * rules): check a step's rows against the held ids and write the plan's records; nothing
- * persistent changes but the held stride (bk_grow_held, values kept). ops.c (stage_ops) shares
- * the row step (bk_stage_row) and the scratch (stage.h).
+ * persistent changes but the held stride (bk_grow_held, values kept). ops.c reads the ops items
+ * (bk_stage_item) on the same row step (bk_stage_row) and scratch (stage.h).
  */
 #include "stage.h"
 
@@ -511,35 +511,88 @@ fail:
     return NULL;
 }
 
-PyObject *bk_stage(GroupKernel *self, PyObject *args)
+/* GroupKernel.stage: every visited row's new ids in one of two encodings, an id list per row, or
+ * (ops) per row its wire ops or packed record offsets (bk_stage_item); see the twin. */
+PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *rows, *lists, *srcs, *convert, *key = Py_None;
-    if (!PyArg_ParseTuple(args, "OOOO|O:stage", &rows, &lists, &srcs, &convert, &key))
-        return NULL;
-    if (!PyList_CheckExact(lists) || !PyList_CheckExact(srcs) ||
-        (rows != Py_None && !PyList_CheckExact(rows))) {
-        PyErr_SetString(PyExc_TypeError, "rows (or None), lists and srcs must be lists");
+    /* Vectorcall: a call with keywords builds no dict (PyArg_ParseTupleAndKeywords' dict and
+     * tuple cost about 3,000 instructions a call). */
+    static const char *const names[] = {"rows", "items", "srcs", "convert", "key", "ops", "data"};
+    PyObject *arg[7] = {NULL, NULL, NULL, NULL, Py_None, Py_False, Py_None};
+    if (nargs > 5) {
+        PyErr_Format(PyExc_TypeError, "stage takes at most 5 positional arguments (%zd given)",
+                     nargs);
         return NULL;
     }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        arg[i] = args[i];
+    const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    static PyObject *interned[7]; /* the names as the interpreter's interned strs: compared by
+                                   * identity first, as a call's keyword names are interned */
+    for (int j = 0; !interned[6] && j < 7; j++)
+        if (!(interned[j] = PyUnicode_InternFromString(names[j])))
+            return NULL;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, k);
+        int at = -1;
+        for (int j = 0; at < 0 && j < 7; j++)
+            if (name == interned[j])
+                at = j;
+        for (int j = 0; at < 0 && j < 7; j++)
+            if (PyUnicode_CompareWithASCIIString(name, names[j]) == 0)
+                at = j;
+        if (at < 0 || at < nargs) {
+            PyErr_Format(PyExc_TypeError,
+                         at < 0 ? "stage got an unexpected keyword argument %R"
+                                : "stage got multiple values for argument %R",
+                         name);
+            return NULL;
+        }
+        arg[at] = args[nargs + k];
+    }
+    for (int j = 0; j < 4; j++)
+        if (!arg[j]) {
+            PyErr_Format(PyExc_TypeError, "stage missing required argument '%s'", names[j]);
+            return NULL;
+        }
+    PyObject *rows = arg[0], *items = arg[1], *srcs = arg[2], *convert = arg[3], *key = arg[4],
+             *packed = arg[6];
+    const int ops = PyObject_IsTrue(arg[5]);
+    if (ops < 0)
+        return NULL;
+    if (!PyList_CheckExact(items) || !PyList_CheckExact(srcs) ||
+        (rows != Py_None && !PyList_CheckExact(rows))) {
+        PyErr_SetString(PyExc_TypeError, "rows (or None), items and srcs must be lists");
+        return NULL;
+    }
+    if (packed != Py_None && (!ops || !PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4)) {
+        PyErr_SetString(PyExc_TypeError, "data must be None or, with ops, bytes of whole int32 words");
+        return NULL;
+    }
+    /* bytes are immutable: the payload stays put while callbacks run (packed is the caller's
+     * reference, held for the call) */
+    const unsigned char *data =
+        packed == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(packed);
+    const Py_ssize_t words = packed == Py_None ? 0 : PyBytes_GET_SIZE(packed) / 4;
     if (PyList_GET_SIZE(srcs) != self->rows) {
         PyErr_Format(PyExc_ValueError, "srcs must hold %zd rows, got %zd", self->rows,
                      PyList_GET_SIZE(srcs));
         return NULL;
     }
     Py_ssize_t visits = rows == Py_None ? self->rows : PyList_GET_SIZE(rows);
-    if (PyList_GET_SIZE(lists) != visits) {
-        PyErr_Format(PyExc_ValueError, "lists must hold %zd rows, got %zd", visits,
-                     PyList_GET_SIZE(lists));
+    if (PyList_GET_SIZE(items) != visits) {
+        PyErr_Format(PyExc_ValueError, "items must hold %zd rows, got %zd", visits,
+                     PyList_GET_SIZE(items));
         return NULL;
     }
     if (bk_busy(self))
         return NULL;
     if (key == Py_None) {
-        Py_INCREF(lists);
+        Py_INCREF(items);
     } else if (rows != Py_None) {
         PyErr_SetString(PyExc_ValueError, "key applies only to a step of every row (rows None)");
         return NULL;
-    } else if (!(lists = lists_at(lists, key))) {
+    } else if (!(items = lists_at(items, key))) {
         return NULL;
     }
     self->busy = 1;
@@ -548,37 +601,39 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
     /* A first step (row 0 holds nothing yet): room for a record of each row that holds nothing
      * (growing by doubling copied a cold DeepSeek step's records 3-4 times). A hint, the records
      * grow past it as they must; a steady step skips the walk. */
-    Py_ssize_t words = 0;
-    int first = rows == Py_None && visits > 0 && self->lens[0] < 0;
+    Py_ssize_t hint = 0;
+    int first = !ops && rows == Py_None && visits > 0 && self->lens[0] < 0;
     for (Py_ssize_t i = 0; first && i < visits; i++) {
-        PyObject *lst = PyList_GET_ITEM(lists, i);
+        PyObject *lst = PyList_GET_ITEM(items, i);
         if (self->lens[i] < 0 && PyList_CheckExact(lst) && PyList_GET_SIZE(lst) <= self->width)
-            words += HEADER + PyList_GET_SIZE(lst); /* a longer row is a fault, never staged */
+            hint += HEADER + PyList_GET_SIZE(lst); /* a longer row is a fault, never staged */
     }
-    if (bk_scratch_reserve(&s, words) < 0)
+    if (bk_scratch_reserve(&s, hint) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < visits; i++) {
         long long r = i, src;
-        /* rows, lists and srcs are the caller's: callbacks may change them. */
+        /* rows, items and srcs are the caller's: callbacks may change them. */
         if ((rows != Py_None && PyList_GET_SIZE(rows) != visits) ||
-            PyList_GET_SIZE(lists) != visits || PyList_GET_SIZE(srcs) != self->rows) {
+            PyList_GET_SIZE(items) != visits || PyList_GET_SIZE(srcs) != self->rows) {
             PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
             goto done;
         }
         if (rows != Py_None && bk_int_arg(PyList_GET_ITEM(rows, i), "row", 0, self->rows, &r) < 0)
             goto done;
-        PyObject *lst = PyList_GET_ITEM(lists, i);
-        if (!PyList_CheckExact(lst)) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!ops && !PyList_CheckExact(item)) {
             PyErr_Format(PyExc_TypeError, "row %lld must be a list, got %s", r,
-                         bk_type_name(lst));
+                         bk_type_name(item));
             goto done;
         }
         if (bk_read_src(self, srcs, r, &src) < 0)
             goto done;
-        Py_INCREF(lst);
-        int status = bk_stage_row(self, &s, (Py_ssize_t)r, lst, PyList_GET_SIZE(lst), src, convert,
-                               &fault_value);
-        Py_DECREF(lst);
+        Py_INCREF(item);
+        int status = ops ? bk_stage_item(self, &s, (Py_ssize_t)r, src, item, data, words, convert,
+                                         &fault_value)
+                         : bk_stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
+                                        convert, &fault_value);
+        Py_DECREF(item);
         if (status < 0)
             goto done;
         if (status > 0) {
@@ -590,7 +645,6 @@ PyObject *bk_stage(GroupKernel *self, PyObject *args)
 done:
     self->busy = 0;
     bk_scratch_free(&s);
-    Py_DECREF(lists);
+    Py_DECREF(items);
     return result;
 }
-

@@ -159,38 +159,53 @@ class GroupKernel(RowChanges):
     def stage(
         self,
         rows: list[int] | None,
-        lists: list[list[Any]],
+        items: list[Any],
         srcs: list[int],
         convert: Callable[[object], int | None],
         key: object = None,
+        *,
+        ops: bool = False,
+        data: bytes | None = None,
     ) -> tuple[list[Change] | None, Fault | None]:
-        """Check and decide the visited rows (``rows``; ``None``: every row, and ``lists`` has
-        one list per table row); ``(plan, None)`` or ``(None, fault)``. With ``key`` (``rows``
-        ``None`` only), ``lists`` holds one dict per table row and a row's list is its dict's
-        ``key`` item (a batch's rows of lists by group, read in place): every row is looked up
-        first, ``TypeError`` / ``KeyError`` at the first that is no dict or holds no ``key``."""
+        """Check and decide the visited rows (``rows``; ``None``: every row, and ``items`` has
+        one item per table row); ``(plan, None)`` or ``(None, fault)``. An item is the row's new
+        ids (a list), or with ``ops`` its :mod:`blockprep.wire` operations on the ids its
+        request held (``None``: as they were), or, given ``data``, a tuple of word offsets of
+        :mod:`blockprep.packed` records in it (read in place, applied in order as the ops they
+        stand for); a padding row's item is its ids either way. With ``ops``, row by row: the
+        ops (fault ``OPS`` where :func:`~blockprep.wire.apply_ops` rejects them, or a request
+        new to the table without ops), then the ids an append or a set names must be integers
+        (fault ``TYPE``, whatever the row held: they are new; a record's are), then the rules
+        1-4 on the resulting ids. With ``key`` (``rows`` ``None`` only), ``items`` holds one
+        dict per table row and a row's item is its dict's ``key`` item (a batch's rows by
+        group, read in place): every row is looked up first, ``TypeError`` / ``KeyError`` at the
+        first that is no dict or holds no ``key``."""
         if (
-            type(lists) is not list
+            type(items) is not list
             or type(srcs) is not list
             or (rows is not None and type(rows) is not list)
         ):
-            raise TypeError("rows (or None), lists and srcs must be lists")
+            raise TypeError("rows (or None), items and srcs must be lists")
+        if data is not None and (not ops or type(data) is not bytes or len(data) % 4):
+            raise TypeError("data must be None or, with ops, bytes of whole int32 words")
         if len(srcs) != self.rows:
             raise ValueError(f"srcs must hold {self.rows} rows, got {len(srcs)}")
         visits = self.rows if rows is None else len(rows)
-        if len(lists) != visits:
-            raise ValueError(f"lists must hold {visits} rows, got {len(lists)}")
+        if len(items) != visits:
+            raise ValueError(f"items must hold {visits} rows, got {len(items)}")
         if key is not None:
             self._check_idle()
             if rows is not None:
                 raise ValueError("key applies only to a step of every row (rows None)")
-            lists = lists_at(lists, key)
+            items = lists_at(items, key)
         with self._staging():
+            if ops:
+                return self._stage_items(rows, items, srcs, convert, data)
             order: Sequence[int] = range(visits)
-            if rows is None and self._plain(lists, srcs):
-                sizes = list(map(len, lists))
+            if rows is None and self._plain(items, srcs):
+                sizes = list(map(len, items))
                 try:  # the unchanged rows, found by one C-level comparison of the lists
-                    differ = list(map(operator.ne, lists, self._held))
+                    differ = list(map(operator.ne, items, self._held))
                     order = [
                         r
                         for r, d, s in zip(range(visits), differ, srcs, strict=True)
@@ -198,19 +213,19 @@ class GroupKernel(RowChanges):
                     ]
                 except Exception:  # an id that does not compare: every row decided by itself
                     pass
-                same_lengths(lists, sizes)  # an id's __eq__ may have changed a row
+                same_lengths(items, sizes)  # an id's __eq__ may have changed a row
             plan: list[Change] = []
             for i in order:
-                same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
+                same_sizes((rows, visits), (items, visits), (srcs, self.rows))
                 r = i if rows is None else index_arg(rows[i], self.rows, "row")
-                ids = lists[i]
+                ids = items[i]
                 if type(ids) is not list:
                     raise TypeError(f"row {r} must be a list, got {type(ids).__name__}")
                 fault = self._stage_row(plan, r, ids, src_of(srcs, r, self.rows), convert)
                 if fault is not None:
                     return None, fault
             if order and order[-1] < visits - 1:  # the C looks at every row, the last too
-                same_sizes((rows, visits), (lists, visits), (srcs, self.rows))
+                same_sizes((rows, visits), (items, visits), (srcs, self.rows))
             return plan, None
 
     def _plain(self, lists: list[list[Any]], srcs: list[int]) -> bool:
@@ -233,41 +248,25 @@ class GroupKernel(RowChanges):
         if getattr(self, "_busy", False):
             raise RuntimeError("GroupKernel called again from a callback of its own stage")
 
-    def stage_ops(
+    def _stage_items(
         self,
-        rows: list[int],
+        rows: list[int] | None,
         items: list[Any],
         srcs: list[int],
         convert: Callable[[object], int | None],
-        data: bytes | None = None,
+        data: bytes | None,
     ) -> tuple[list[Change] | None, Fault | None]:
-        """:meth:`stage` of the visited ``rows`` given as :mod:`blockprep.wire` operations: per
-        row, ``items[i]`` is its ops on the ids its request held (``None``: as they were), or,
-        given ``data``, a tuple of word offsets of :mod:`blockprep.packed` records in it (read
-        in place, applied in order as the ops they stand for), or a padding row's ids. Row by
-        row: the ops (fault ``OPS`` where :func:`~blockprep.wire.apply_ops` rejects them, or a
-        request new to the table without ops), then the ids an append or a set names must be
-        integers (fault ``TYPE``, whatever the row held: they are new; a record's are), then
-        the rules 1-4 on the resulting ids."""
-        if type(rows) is not list or type(items) is not list or type(srcs) is not list:
-            raise TypeError("rows, items and srcs must be lists")
-        if data is not None and (type(data) is not bytes or len(data) % 4):
-            raise TypeError("data must be None or bytes of whole int32 words")
-        if len(srcs) != self.rows:
-            raise ValueError(f"srcs must hold {self.rows} rows, got {len(srcs)}")
-        visits = len(rows)
-        if len(items) != visits:
-            raise ValueError(f"items must hold {visits} rows, got {len(items)}")
-        with self._staging():
-            plan: list[Change] = []
-            for i in range(visits):
-                same_sizes((rows, visits), (items, visits), (srcs, self.rows))
-                r = index_arg(rows[i], self.rows, "row")
-                src, item = src_of(srcs, r, self.rows), items[i]
-                fault = self._stage_item(plan, r, src, item, convert, data)
-                if fault is not None:
-                    return None, fault
-            return plan, None
+        """:meth:`stage` of ops items, row by row."""
+        visits = len(items)
+        plan: list[Change] = []
+        for i in range(visits):
+            same_sizes((rows, visits), (items, visits), (srcs, self.rows))
+            r = i if rows is None else index_arg(rows[i], self.rows, "row")
+            src, item = src_of(srcs, r, self.rows), items[i]
+            fault = self._stage_item(plan, r, src, item, convert, data)
+            if fault is not None:
+                return None, fault
+        return plan, None
 
     def _stage_item(
         self,
@@ -278,7 +277,7 @@ class GroupKernel(RowChanges):
         convert: Callable[[object], int | None],
         data: bytes | None,
     ) -> Fault | None:
-        """One row of :meth:`stage_ops`."""
+        """One row of :meth:`stage` of ops items."""
         if src == PADDING:
             if type(item) is not list:
                 raise TypeError(f"row {r} must be a list, got {type(item).__name__}")
@@ -311,7 +310,7 @@ class GroupKernel(RowChanges):
         data: bytes,
         convert: Callable[[object], int | None],
     ) -> Fault | None:
-        """One row of :meth:`stage_ops` given as packed records: each read, then applied, in
+        """One row of :meth:`stage`'s ops items given as packed records: each read, then applied, in
         order (a bad offset after a rejected record is never read, as in the compiled kernel)."""
         if not offsets:
             return (OPS, r, None)

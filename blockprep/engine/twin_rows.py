@@ -2,11 +2,11 @@
 :meth:`RowChanges.apply_step` (a vLLM-like scheduler step), rendered at once into the buffers of
 :meth:`RowChanges.bind`; the specification of ``engine/apply_row.c``.
 
-Each is what :meth:`GroupKernel.stage_ops` of the rows it changes, then :meth:`GroupKernel.commit`
-into slot 0, would do, rendering only those rows, for the plain cases it decides (lists of ints
-in ``[0, limit)`` on rows whose ids are known, a kernel without the repeat rule); for any other
-it answers ``None`` having changed nothing, and the caller's general path decides and words the
-error. A step is decided whole before its first write.
+Each is what :meth:`GroupKernel.stage` (ops items) of the rows it changes, then
+:meth:`GroupKernel.commit` into slot 0, would do, rendering only those rows, for the plain cases
+it decides (lists of ints in ``[0, limit)`` on rows whose ids are known, a kernel without the
+repeat rule); for any other it answers ``None`` having changed nothing, and the caller's
+general path decides and words the error. A step is decided whole before its first write.
 """
 
 from __future__ import annotations
