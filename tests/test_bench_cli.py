@@ -7,6 +7,9 @@ import importlib.util
 import json
 import pickle
 import statistics
+import subprocess
+import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +31,8 @@ from blockprep.bench.runner import (
     verify,
 )
 from blockprep.bench.workloads import standard_workloads
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _table_lines(out: str) -> list[str]:
@@ -437,3 +442,40 @@ def test_the_plot_is_one_bar_per_workload_grouped_by_family_and_says_unreliable(
     assert quiet._suptitle is None
     assert noisy._suptitle.get_text().startswith("UNRELIABLE RUN")
     assert "qwen3-14b pre-fix: p90/p10 = 2.00 > 1.5" in noisy._suptitle.get_text()
+
+
+BLOCK_HYPOTHESIS = textwrap.dedent(
+    """
+    import runpy, sys
+
+    class NoHypothesis:
+        def find_spec(self, name, path=None, target=None):
+            if name == "hypothesis" or name.startswith("hypothesis."):
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoHypothesis())
+    sys.argv = ["blockprep", "bench", "--help"]
+    try:
+        runpy.run_module("blockprep", run_name="__main__", alter_sys=True)
+    except SystemExit as exit:
+        assert "hypothesis" not in sys.modules
+        raise
+    """
+)
+
+
+def test_bench_help_runs_without_hypothesis() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK_HYPOTHESIS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: blockprep bench")
+    from blockprep.simulation import DeepSeekV4SchedulerSim
+    from blockprep.testing import DeepSeekV4SchedulerSim as Reexported
+
+    assert Reexported is DeepSeekV4SchedulerSim

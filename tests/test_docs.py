@@ -61,3 +61,14 @@ def test_readme_has_examples_and_the_ci_test_command() -> None:
     assert 'pip install -e ".[test]"' in text
     assert re.search(r"^pytest$", text, flags=re.MULTILINE)
     assert re.search(r"^pytest$", (ROOT / ".ci" / "run").read_text(), flags=re.MULTILINE)
+
+
+def test_readme_says_how_to_install_the_cpu_wheel_first() -> None:
+    """The two set-up commands first, as they work on this project's machines (the local CPU
+    wheel before blockprep), then the CPU-torch note with PyTorch's CPU index."""
+    text = (ROOT / "README.md").read_text()
+    first = text.index("pip install torch==2.13.0")
+    assert first < text.index('pip install -e ".[test]"')
+    assert first < text.index("--index-url https://download.pytorch.org/whl/cpu")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install torch==2.13.0" in ci

@@ -375,3 +375,40 @@ def test_prepared_buffers_drive_a_real_decode(model: Qwen3ForCausalLM) -> None:
         f"\n{step} decode steps, batch sizes {sorted(set(sizes))}, "
         f"max |dlogit| {max_diff:.2e}, min greedy top-2 margin {min_margin:.2e}"
     )
+
+
+def test_executor_built_from_transformers_takes_the_configs_rope_theta() -> None:
+    transformers = pytest.importorskip("transformers")
+    from blockprep.executors.torch_paged import TorchPagedQwen3Executor
+
+    config = transformers.Qwen3Config(  # rope_theta left at Qwen3Config's default, 10,000
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.5)
+    prompt = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    with torch.no_grad():
+        dense = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0]
+    executor = TorchPagedQwen3Executor.from_transformers(model, num_pages=16, page_size=4)
+    assert executor.dims.rope_theta == 10_000.0
+    logits = executor.prefill(prompt, list(range(10)))
+    assert float((logits - dense).abs().max()) < 1e-3
+    # The old way, the state dict alone, takes 1e6 and misses the model.
+    blind = TorchPagedQwen3Executor.from_state_dict(model.state_dict(), num_pages=16, page_size=4)
+    assert float((blind.prefill(prompt, list(range(10))) - dense).abs().max()) > 1e-2
+    with pytest.raises(ValueError, match=r"rope_theta=1000000\.0 disagrees"):
+        TorchPagedQwen3Executor.from_state_dict(
+            model.state_dict(), num_pages=16, page_size=4, rope_theta=1e6, config=config
+        )

@@ -1,5 +1,5 @@
-"""Hardening (issue 19): the runtime executors' slot bookkeeping with dispatch identity, and the
-executors' argument checks. Each case fails on 9ea27c1; every refusal writes nothing."""
+"""The runtime executors (:mod:`blockprep.executors.runtime`): their slot bookkeeping with
+dispatch identity, and their argument checks; every refusal writes nothing."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Hardening (issue 19): every error blockprep raises on bad input is a ``BlockprepError`` and
-still the built-in type it was. The core cases are the hardening suite's table; the rest walk
-the tables, the wire, both preparers, the executors and the simulation."""
+"""Errors (:mod:`blockprep.errors`): every error blockprep raises on bad input is a
+``BlockprepError`` and still the built-in type it was. The core cases are the core-input suite's
+table; the rest walk the tables, the wire, both preparers, the executors and the simulation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from test_hardening_core import BAD_CALLS
+from test_core_inputs import BAD_CALLS
 from test_runtime_executors import deepseek_setup
 
 import blockprep

@@ -1,4 +1,4 @@
-"""Hardening of the preparers (issue 12, the rest): no silent coercion in the Qwen preparer
+"""The preparers' inputs (Qwen and DeepSeek): no silent coercion in the Qwen preparer
 (bool or float ``seq_lens`` and ``token_ids``, ``token_ids`` shaped ``[1, A]``, more ``seq_lens``
 rows than request ids), no uint64 token id wrapping to a negative one in DeepSeek, DeepSeek's
 input contract, verify mode on both preparers, and a stateful suite interleaving bad inputs of

@@ -1,4 +1,4 @@
-"""Hardening (issue 19), stateful: the runtime executor's slot life cycle and adopted buffers
+"""The runtime executors, stateful: the runtime executor's slot life cycle and adopted buffers
 under any order of calls, good and bad, some from two threads at once. After every accepted step
 the buffers equal the reference rebuild; after every refused one every buffer is byte-identical
 and the slots are as a small model says."""

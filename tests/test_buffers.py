@@ -1,6 +1,6 @@
-"""Hardening (issue 12): ids that alias the destination, self-overlapping or shared buffers,
-read-only memory, the device mirror's copies racing the next step's host writes, and the bench
-command on an install without the test extra."""
+"""Buffers (:mod:`blockprep.buffers` and every writer over them): ids that alias the
+destination, self-overlapping or shared buffers, one owner per byte, adopted buffers that overlap,
+read-only memory, and the device mirror's copies racing the next step's host writes."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import blockprep.adapters.qwen as qwen_module
-from blockprep import BlockTable, DecodeBatch, paged_block_table, ring_block_table
+from blockprep import BlockprepError, BlockTable, DecodeBatch, paged_block_table, ring_block_table
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.buffers import (
     DeviceMirror,
@@ -28,7 +28,9 @@ from blockprep.buffers import (
     has_self_overlap,
     host_tensor,
     mapped_writable,
+    release_buffers,
 )
+from blockprep.grouped import GroupedTables, TableGroup
 from blockprep.reference import block_table_per_row, ring_block_table_repeat
 from blockprep.slots import paged_slot_mapping
 
@@ -440,91 +442,7 @@ def test_cuda_qwen_preparer_buffers_match_the_host_preparer_every_step() -> None
 # --- 5. rope_theta from the transformers config --------------------------------------------------
 
 
-def test_executor_built_from_transformers_takes_the_configs_rope_theta() -> None:
-    transformers = pytest.importorskip("transformers")
-    from blockprep.executors.torch_paged import TorchPagedQwen3Executor
-
-    config = transformers.Qwen3Config(  # rope_theta left at Qwen3Config's default, 10,000
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.5)
-    prompt = torch.randint(0, 128, (40,), generator=torch.Generator().manual_seed(1)).tolist()
-    with torch.no_grad():
-        dense = model(input_ids=torch.tensor([prompt]), use_cache=False).logits[0]
-    executor = TorchPagedQwen3Executor.from_transformers(model, num_pages=16, page_size=4)
-    assert executor.dims.rope_theta == 10_000.0
-    logits = executor.prefill(prompt, list(range(10)))
-    assert float((logits - dense).abs().max()) < 1e-3
-    # The old way, the state dict alone, takes 1e6 and misses the model.
-    blind = TorchPagedQwen3Executor.from_state_dict(model.state_dict(), num_pages=16, page_size=4)
-    assert float((blind.prefill(prompt, list(range(10))) - dense).abs().max()) > 1e-2
-    with pytest.raises(ValueError, match=r"rope_theta=1000000\.0 disagrees"):
-        TorchPagedQwen3Executor.from_state_dict(
-            model.state_dict(), num_pages=16, page_size=4, rope_theta=1e6, config=config
-        )
-
-
 # --- 6, 7, 8: bench without the test extra, the plot, the README ---------------------------------
-
-BLOCK_HYPOTHESIS = textwrap.dedent(
-    """
-    import runpy, sys
-
-    class NoHypothesis:
-        def find_spec(self, name, path=None, target=None):
-            if name == "hypothesis" or name.startswith("hypothesis."):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-            return None
-
-    sys.meta_path.insert(0, NoHypothesis())
-    sys.argv = ["blockprep", "bench", "--help"]
-    try:
-        runpy.run_module("blockprep", run_name="__main__", alter_sys=True)
-    except SystemExit as exit:
-        assert "hypothesis" not in sys.modules
-        raise
-    """
-)
-
-
-def test_bench_help_runs_without_hypothesis() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", BLOCK_HYPOTHESIS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: blockprep bench")
-    from blockprep.simulation import DeepSeekV4SchedulerSim
-    from blockprep.testing import DeepSeekV4SchedulerSim as Reexported
-
-    assert Reexported is DeepSeekV4SchedulerSim
-
-
-def test_readme_says_how_to_install_the_cpu_wheel_first() -> None:
-    """The two set-up commands first, as they work on this project's machines (the local CPU
-    wheel before blockprep), then the CPU-torch note with PyTorch's CPU index."""
-    text = (ROOT / "README.md").read_text()
-    first = text.index("pip install torch==2.13.0")
-    assert first < text.index('pip install -e ".[test]"')
-    assert first < text.index("--index-url https://download.pytorch.org/whl/cpu")
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install torch==2.13.0" in ci
 
 
 def test_buffer_claims_survive_a_finalizer_releasing_one_meanwhile(
@@ -549,3 +467,103 @@ def test_buffer_claims_survive_a_finalizer_releasing_one_meanwhile(
     monkeypatch.setattr(buffers, "_CLAIMS", Shifting(buffers._CLAIMS))
     table = BlockTable(2, 4)
     assert Shifting.failed and table.write_row(0, [1, 2])
+
+
+def test_grouped_issue_example_shared_table_and_counts_over_a_row_are_refused() -> None:
+    """The issue's example (one tensor for two groups), and a counts tensor over a table's last
+    row: refused, naming both buffers, nothing written."""
+    shared = torch.zeros(3, 4, dtype=torch.int32)
+    groups = [TableGroup("x", "ring", 4, id_limit=100), TableGroup("y", "ring", 4, id_limit=100)]
+    with pytest.raises(ValueError, match=r"buffers\[0\]\['y'\] overlaps buffers\[0\]\['x'\]"):
+        GroupedTables(groups, 3, buffers=[({"x": shared, "y": shared}, torch.zeros(3, 2).int())])
+    tables, _ = grouped_slot()
+    counts = tables["pages"].view(-1)[-6:].view(3, 2)  # over the table's last row
+    before = tables["pages"].clone()
+    with pytest.raises(ValueError, match=r"overlaps") as info:
+        GroupedTables([RING, PAGED], 3, buffers=[(tables, counts)])
+    assert isinstance(info.value, BlockprepError)
+    assert torch.equal(tables["pages"], before)
+
+
+@pytest.mark.parametrize("case", ["one tensor", "slots over the table's tail"])
+def test_qwen_adopted_buffers_that_overlap_are_refused(case: str) -> None:
+    """9ea27c1 checked each buffer alone: seq_lens read back as the slots, or the padding
+    replication reset the slots to -1 (K/V written at slot -1)."""
+    buffers = qwen_buffers()
+    if case == "one tensor":
+        buffers["slot_mapping"] = buffers["seq_lens"]
+        words = r"slot_mapping overlaps seq_lens"
+    else:
+        buffers["slot_mapping"] = buffers["block_table"][-2:]
+        words = r"slot_mapping overlaps block_table"
+    before = {name: tensor.clone() for name, tensor in buffers.items()}
+    with pytest.raises(ValueError, match=words) as info:
+        QwenDecodePreparer(2, 16, 4, buffers=buffers)
+    assert isinstance(info.value, BlockprepError)
+    for name, tensor in buffers.items():
+        assert torch.equal(tensor, before[name]), name
+    # Disjoint buffers are adopted, and the first step equals the reference.
+    QwenDecodePreparer(2, 16, 4, buffers=qwen_buffers())
+
+
+def test_one_owner_per_byte_across_owners() -> None:
+    """Two owners over the same memory would each trust a cache the other's writes falsify: the
+    registry covers BlockTable, GroupedTables and the Qwen preparer alike, allocated buffers
+    included; a refused owner claims nothing, a collected one releases its claims."""
+    clash = "overlaps the buffer of another live"
+    grouped = GroupedTables([RING, PAGED], 3)
+    with pytest.raises(ValueError, match=f"^buffer {clash} GroupedTables"):
+        BlockTable(3, PAGED.width, buffer=grouped.tables(0)["pages"])
+    table = BlockTable(3, RING.width, kind="ring")
+    tables, counts = grouped_slot()
+    tables["swa"] = table.tensor
+    with pytest.raises(ValueError, match=rf"^buffers\[0\]\['swa'\] {clash} BlockTable"):
+        GroupedTables([RING, PAGED], 3, buffers=[(tables, counts)])
+    # Refused as a whole: the buffers that did not clash were not left claimed.
+    BlockTable(3, PAGED.width, buffer=tables["pages"])
+    fresh = grouped_slot()
+    first = GroupedTables([RING, PAGED], 3, buffers=[fresh])
+    with pytest.raises(ValueError, match=f"{clash} GroupedTables"):
+        GroupedTables([RING, PAGED], 3, buffers=[fresh])
+    del first
+    gc.collect()
+    GroupedTables([RING, PAGED], 3, buffers=[fresh])  # released with its owner
+    # Qwen: another live preparer's buffers, allocated or adopted. The table is its
+    # BlockTable's, whose check names it "buffer".
+    owner = QwenDecodePreparer(2, 16, 4)
+    for name in ("token_ids", "seq_lens", "slot_mapping", "block_table"):
+        buffers = qwen_buffers()
+        buffers[name] = owner.buffers()[name]
+        words = "buffer {} BlockTable" if name == "block_table" else name + " {} QwenDecodePreparer"
+        with pytest.raises(ValueError, match="^" + words.format(clash)):
+            QwenDecodePreparer(2, 16, 4, buffers=buffers)
+
+
+def test_release_buffers_frees_an_owners_claims_now() -> None:
+    tables = grouped_slot()
+    grouped = GroupedTables([RING, PAGED], 3, buffers=[tables])
+    with pytest.raises(ValueError, match="another live GroupedTables"):
+        BlockTable(3, PAGED.width, buffer=tables[0]["pages"])
+    release_buffers(grouped)
+    release_buffers(grouped)  # a no-op the second time
+    BlockTable(3, PAGED.width, buffer=tables[0]["pages"])
+
+
+RING = TableGroup("swa", "ring", 4, id_limit=100)
+
+
+PAGED = TableGroup("pages", "paged", 6, id_limit=100, pad=-1)
+
+
+def grouped_slot(rows: int = 3) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    tables = {g.name: torch.full((rows, g.width), 7, dtype=torch.int32) for g in (RING, PAGED)}
+    return tables, torch.full((rows, 2), 7, dtype=torch.int32)
+
+
+def qwen_buffers(batch: int = 2, max_seq_len: int = 16, page: int = 4) -> dict[str, torch.Tensor]:
+    return {
+        "token_ids": torch.full((batch, 8), 7, dtype=torch.int32),
+        "seq_lens": torch.full((batch,), 7, dtype=torch.int32),
+        "block_table": torch.full((batch * (max_seq_len // page),), 7, dtype=torch.int32),
+        "slot_mapping": torch.full((batch,), 7, dtype=torch.int32),
+    }

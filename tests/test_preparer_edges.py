@@ -1,5 +1,4 @@
-"""Hardening (issue 19): the small items, each failing on 9ea27c1: pool binding, the scheduler
-simulation's pools, sparse outs, restage in verify mode, meta tokens, speculative drafts, NumPy
+"""The preparers' edge cases: pool binding, the scheduler simulation's pools, sparse outs, restage in verify mode, meta tokens, speculative drafts, NumPy
 request ids and partitions, and a Qwen batch carrying both block ids and deltas. Every refusal is
 a BlockprepError of the documented type and leaves the buffers byte-identical."""
 
