@@ -1,8 +1,8 @@
-"""The core's inputs (ids, tokens, lengths, ``DecodeBatch``, ``BlockTable``): no silent coercion of ids, tokens or lengths; clear exception
-types naming the argument; ``BlockTable(verify=True)``; and a stateful suite that interleaves bad
-inputs of every class with valid steps over ``BlockTable``, the builders, the slot mapping and the
-padded token buffer, checking every buffer against ``blockprep.reference`` after every step and
-byte-identity after every failure."""
+"""The core's inputs (ids, tokens, lengths, ``DecodeBatch``, ``BlockTable``): no silent coercion of
+ids, tokens or lengths; clear exception types naming the argument; ``BlockTable(verify=True)``;
+and a stateful suite that interleaves bad inputs of every class with valid steps over
+``BlockTable``, the builders, the slot mapping and the padded token buffer, checking every
+buffer against ``blockprep.reference`` after every step and byte-identity after every failure."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Fork safety (:mod:`blockprep.forks`): a child forked whatever the parent's threads were doing
 works (a child forked while another thread was inside a DeepSeek prepare once inherited the plan
-lock held and hung in its first prepare, and verify mode hung on torch's OpenMP pool). Each child runs
-under a deadline: a hang fails the test (the child is killed), it never blocks the suite."""
+lock held and hung in its first prepare, and verify mode hung on torch's OpenMP pool). Each
+child runs under a deadline: a hang fails the test (the child is killed), it never blocks the
+suite."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The preparers' edge cases: pool binding, the scheduler simulation's pools, sparse outs, restage in verify mode, meta tokens, speculative drafts, NumPy
-request ids and partitions, and a Qwen batch carrying both block ids and deltas. Every refusal is
-a BlockprepError of the documented type and leaves the buffers byte-identical."""
+"""The preparers' edge cases: pool binding, the scheduler simulation's pools, sparse outs, restage
+in verify mode, meta tokens, speculative drafts, NumPy request ids and partitions, and a Qwen
+batch carrying both block ids and deltas. Every refusal is a BlockprepError of the documented
+type and leaves the buffers byte-identical."""
 
 from __future__ import annotations
 
