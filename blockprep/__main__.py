@@ -12,6 +12,7 @@ import argparse
 import importlib.util
 import io
 import os
+import platform
 import stat
 import sys
 import tempfile
@@ -19,8 +20,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import torch
 
+import blockprep
 from blockprep.bench.base import Workload
 from blockprep.bench.report import (
     footer,
@@ -42,6 +45,7 @@ from blockprep.bench.runner import (
     verify,
 )
 from blockprep.bench.workloads import standard_workloads
+from blockprep.engine import kernel_backend
 
 QUICK_STEPS = 60
 DEFAULT_STEPS = 300
@@ -120,8 +124,31 @@ class _Output:
             self._created = False
 
 
+def version() -> str:
+    """One line for a bug report: blockprep's version, the table kernel that runs, and the
+    versions of Python, torch and NumPy."""
+    return (
+        f"blockprep {blockprep.__version__} (table kernel: {kernel_backend()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__}, numpy {np.__version__})"
+    )
+
+
+class _Version(argparse.Action):
+    """``--version``: :func:`version` on one line (argparse's own action wraps it), then exit."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        print(version())
+        parser.exit()
+
+
 def _parser(workload_names: Sequence[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blockprep", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="the version, which table kernel runs (c or python) and the versions under it",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     bench = commands.add_parser(
         "bench",

@@ -479,3 +479,33 @@ def test_bench_help_runs_without_hypothesis() -> None:
     from blockprep.testing import DeepSeekV4SchedulerSim as Reexported
 
     assert Reexported is DeepSeekV4SchedulerSim
+
+
+def test_version_names_the_kernel_and_the_versions_under_it(capsys: Any) -> None:
+    import importlib.metadata
+
+    import blockprep
+    from blockprep import kernel_backend
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    line = capsys.readouterr().out
+    assert line.startswith(f"blockprep {blockprep.__version__} (table kernel: {kernel_backend()}, ")
+    assert f"torch {torch.__version__}, numpy {np.__version__})" in line
+    assert importlib.metadata.version("blockprep") == blockprep.__version__
+
+
+def test_one_version_in_the_changelog_and_the_package() -> None:
+    import re
+
+    from packaging.version import Version
+
+    import blockprep
+
+    changelog = ROOT / "CHANGELOG.md"
+    if not changelog.exists():
+        pytest.skip("CHANGELOG.md is in the repository, not the sdist")
+    top = re.search(r"^## (\S+)", changelog.read_text(), flags=re.MULTILINE)
+    assert top is not None
+    assert Version(top.group(1)).base_version == Version(blockprep.__version__).base_version
