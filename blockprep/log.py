@@ -11,9 +11,6 @@ printed until the engine configures logging (``logging.basicConfig()``, or a han
 - WARNING, a resync: a worker refused a block delta message that does not build on the last one
   it applied (:class:`~blockprep.wire.DeltaSequenceError`); the scheduler must reset its encoder.
   This record replaces the rejected-batch one for that error.
-- WARNING, once at import: the compiled table kernel could not be imported, so the pure-Python
-  twin runs (not when ``BLOCKPREP_PURE_PYTHON=1`` forced it). Configure logging before the first
-  ``import blockprep`` to see it; :func:`blockprep.kernel_backend` says the same at any time.
 - DEBUG, slot claims and releases of the runtime executors' buffer slots.
 
 Imports nothing from blockprep: any module may log.
@@ -50,16 +47,6 @@ def resync(error: ErrorT) -> ErrorT:
     if _mark(error):
         logger.warning("block delta resync needed: %s", error)
     return error
-
-
-def fallback(error: ImportError) -> None:
-    """Log (WARNING) that the compiled kernel did not import and the pure-Python twin runs."""
-    logger.warning(
-        "the compiled table kernel (blockprep.engine._kernel) did not import (%s): the "
-        "pure-Python twin runs (2-7x slower per DeepSeek step in docs/benchmarks.md); reinstall "
-        "where a C compiler and the Python headers are (pip install -e .) to build it",
-        error,
-    )
 
 
 def slot_claimed(slot: int, owner: str) -> None:

@@ -1313,11 +1313,18 @@ def seeded(GroupKernel, width=8, rows=4):
 """
 
 CHILD = """
-import importlib.machinery, importlib.util, sys
+import importlib.machinery, importlib.util, os, resource, sys
 loader = importlib.machinery.ExtensionFileLoader("blockprep.engine._kernel", sys.argv[1])
 module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
 loader.exec_module(module)
 {helpers}
+if os.path.exists("/proc/self/statm") and "ASAN_OPTIONS" not in os.environ:
+    # 2 GiB of address space past what the child holds now: an allocation too large to make
+    # fails here as on a smaller machine (the debug allocator would fill an 8 GiB one it got)
+    held = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    soft = held + 2**31 if hard == resource.RLIM_INFINITY else min(held + 2**31, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 {scenario}
 print("OUTCOME", repr(scenario(module.GroupKernel)), flush=True)
 """

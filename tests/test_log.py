@@ -1,6 +1,7 @@
 """The ``blockprep`` logger: a NullHandler only; one WARNING per rejected batch at every public
-preparer entry point, one per resync (instead of the rejection), one at import when the compiled
-kernel is missing (not when forced); DEBUG for the runtime executor's slot claims."""
+preparer entry point, one per resync (instead of the rejection); DEBUG for the runtime
+executor's slot claims. And the one ``RuntimeWarning`` at import when a compiled module is
+missing (not when the twin is forced)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from blockprep.adapters.deepseek import GROUP_NAMES, DeepSeekV4DecodePreparer, DeepSeekV4Layout
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.batch import DecodeBatch
+from blockprep.engine import TWIN_COST
 from blockprep.wire import BlockDeltaEncoder, DeltaSequenceError
 
 
@@ -156,8 +158,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 FALLBACK = """
-    import logging, sys
-    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    import sys
     if {block}:
         class NoKernel:  # the compiled kernel missing, as on a machine without a compiler
             def find_spec(self, name, path=None, target=None):
@@ -173,19 +174,25 @@ FALLBACK = """
 
 @pytest.mark.parametrize("blocked", ["blockprep.engine._kernel", "blockprep._differ"])
 def test_the_fallback_warns_once_at_import_unless_forced(blocked: str) -> None:
-    """Either compiled module missing: the twin runs everywhere (one backend), one warning."""
+    """Either compiled module missing: the twin runs everywhere (one backend), and importing
+    blockprep says so once, as a ``RuntimeWarning`` shown with no logging set up: why, what it
+    costs, how to build the kernel or silence the warning. Asked for, the twin is silent."""
     missing = run_python(FALLBACK.format(block=True, blocked=blocked))
     assert missing.stdout.strip() == "backend python None"
-    warnings = [line for line in missing.stderr.splitlines() if line.startswith("blockprep ")]
-    assert len(warnings) == 1
-    assert warnings[0].startswith("blockprep WARNING the compiled table kernel")
-    assert "no compiled kernel here" in warnings[0] or "_differ was not built" in warnings[0]
-    forced = run_python(FALLBACK.format(block=True, blocked=blocked), BLOCKPREP_PURE_PYTHON="1")
-    assert forced.stdout.strip() == "backend python None"
-    assert forced.stderr == ""
+    warned = [line for line in missing.stderr.splitlines() if "RuntimeWarning: blockprep:" in line]
+    assert len(warned) == 1, missing.stderr
+    text = warned[0]
+    assert "the compiled table kernel was not built or did not import (" in text
+    assert f"{TWIN_COST} slower per DeepSeek V4 step" in text
+    assert "pip install --force-reinstall --no-binary blockprep blockprep" in text
+    assert "BLOCKPREP_PURE_PYTHON=1" in text
     plain = run_python(FALLBACK.format(block=False, blocked=blocked))
     if plain.stdout.strip() == "backend c compiled":  # where the kernel was built: nothing to say
         assert plain.stderr == ""
+        assert "no compiled kernel here" in text or "_differ was not built" in text
+    forced = run_python(FALLBACK.format(block=True, blocked=blocked), BLOCKPREP_PURE_PYTHON="1")
+    assert forced.stdout.strip() == "backend python None"
+    assert forced.stderr == ""
 
 
 def test_the_executors_slot_claims_and_releases_are_debug_records(

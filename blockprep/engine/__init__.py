@@ -8,23 +8,46 @@ Both provide ``GroupKernel`` with the same signatures and results (see
 - ``decode_inputs`` (a DeepSeek decode step's dynamic inputs), ``step_slots`` (a
   paged decode step's slots), ``paged_step`` (those slots, the tokens and the lengths written
   in one call) and ``differing_rows`` (where two lists of ids differ); the twin:
-  :mod:`blockprep.engine.dynamic`;
+  :mod:`blockprep.engine.dynamic`.
 
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
 anything but ``""`` or ``"0"``; :mod:`blockprep.backend`, which also holds the encoders' compiled
 step, ``diff_lists``); :func:`kernel_backend` says which runs. As msgpack-python does, the choice
-is made once, at import; it is "c" only when both compiled modules were built.
+is made once, at import; it is "c" only when both compiled modules were built. Where they were
+not, importing blockprep warns (:func:`warn_fallback`), unless the twin was asked for.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
-from blockprep import backend, log, packed
+from blockprep import backend, packed
 from blockprep.backend import FORCED_PURE_PYTHON
 from blockprep.engine import dynamic, twin
+
+TWIN_COST = "4-7x"
+"""How much slower a DeepSeek V4 step runs on the twin than on the compiled kernel: the median step
+of the bench's ``blockprep`` construction on the DeepSeek V4 wire workloads, 5 runs in turns on
+2 loaded cores (by value 4.1x, by delta 4.6x, cold 7.3x; ``bench/twin_cost.py``)."""
+
+
+def warn_fallback(error: ImportError) -> None:
+    """A ``RuntimeWarning`` (shown without any logging set up): the compiled kernel did not
+    import, why, what the twin costs, and how to build it or silence the warning."""
+    warnings.warn(
+        f"blockprep: the compiled table kernel was not built or did not import ({error}); the "
+        f"pure-Python twin runs instead, with the same results but {TWIN_COST} slower per "
+        "DeepSeek V4 step. To build it, install a C compiler and the Python headers (for "
+        "example: apt-get install gcc python3-dev) and reinstall blockprep from source "
+        "(pip install --force-reinstall --no-binary blockprep blockprep, or pip install -e . in "
+        "a checkout); set BLOCKPREP_PURE_PYTHON=1 to choose the twin and silence this warning.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.dynamic import (
@@ -66,7 +89,7 @@ else:
         differing_rows = dynamic.differing_rows
         backend.diff_lists = None  # one backend for everything
         BACKEND = "python"
-        log.fallback(error)  # a WARNING record, once (not when forced)
+        warn_fallback(error)  # a RuntimeWarning, once (not when forced)
 
 
 def kernel_buffer(array: npt.NDArray[Any]) -> Any:
