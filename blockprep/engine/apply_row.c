@@ -1,7 +1,7 @@
 /*
  * apply_row.c: GroupKernel.apply_row (see blockprep/engine/twin.py for the contract): one row's
- * change, decided and committed in one call into the buffers bind() gave, as stage (ops items) of that
- * row then commit into slot 0 would, rendering only that row. A table's per-row calls (append,
+ * change, decided and committed in one call into the buffers bind() gave, as stage (ops items) of
+ * that row then commit into slot 0 would, rendering only that row. A table's per-row calls (append,
  * a whole row, a copy, a clear) made that a stage, a plan's bytes, two buffer requests and four
  * Python frames each.
  *
@@ -313,8 +313,8 @@ PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nar
     }
     if (bk_grow_held(self, most) < 0) /* changes no value; before any pointer into held */
         goto done;
-    /* 2. Write, as stage (ops items) of the touched rows, one commit, then each move's copy: nothing
-     * below fails but the result's allocation (the buffers are then right, as commit's). */
+    /* 2. Write, as stage (ops items) of the touched rows, one commit, then each move's copy:
+     * nothing below fails but the result's allocation (the buffers are then right, as commit's). */
     long long cells = 0;
     Py_ssize_t hits = 0, k = 0;
     for (Py_ssize_t i = 0; i < nt + nm; i++) { /* the touched rows, then each move in order */

@@ -1,8 +1,8 @@
 /*
  * dynamic.c: a decode step's dynamic inputs in one call each (module functions of _kernel):
- * decode_inputs (per table row, its request's token, position seq - 1 and KV length), step_slots (a paged decode
- * step's slots, or None when a row fails a check), paged_step (those slots, the tokens and the
- * lengths written into three columns in the same call) and differing_rows. The twin
+ * decode_inputs (per table row, its request's token, position seq - 1 and KV length), step_slots
+ * (a paged decode step's slots, or None when a row fails a check), paged_step (those slots, the
+ * tokens and the lengths written into three columns in the same call) and differing_rows. The twin
  * (the specification) is blockprep/engine/dynamic.py: same arguments, results, errors and
  * messages.
  *

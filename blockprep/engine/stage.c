@@ -565,8 +565,10 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
         PyErr_SetString(PyExc_TypeError, "rows (or None), items and srcs must be lists");
         return NULL;
     }
-    if (packed != Py_None && (!ops || !PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4)) {
-        PyErr_SetString(PyExc_TypeError, "data must be None or, with ops, bytes of whole int32 words");
+    if (packed != Py_None &&
+        (!ops || !PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "data must be None or, with ops, bytes of whole int32 words");
         return NULL;
     }
     /* bytes are immutable: the payload stays put while callbacks run (packed is the caller's
