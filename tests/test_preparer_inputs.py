@@ -685,3 +685,44 @@ QwenMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 test_qwen_machine = QwenMachine.TestCase
+
+
+@pytest.mark.parametrize("call", ["prepare", "restage"])
+@pytest.mark.parametrize("aliased", ["token_ids", "seq_lens"])
+def test_deepseek_inputs_that_are_views_of_the_slot_are_read_before_they_are_overwritten(
+    call: str, aliased: str
+) -> None:
+    """An engine that feeds the last step's column back: ``token_ids`` or ``seq_lens`` a view of
+    the slot's own ``input_ids``, in the order that a row-by-row write would overwrite before it
+    reads (request a on rank 1, b on rank 0: row 0 holds b's, row 2 a's). The slot equals a
+    fresh preparer's given copies of the same values."""
+    layout = ds_layout()
+    groups = [ds_groups(9), ds_groups(300, base=20)]
+
+    def batch(tokens: Any, seq_lens: Any) -> DecodeBatch:
+        return DecodeBatch(
+            request_ids=["a", "b"],
+            token_ids=tokens,
+            seq_lens=seq_lens,
+            block_ids_by_group=groups,
+            cache_partitions=[1, 0],
+            hidden_states=None,
+        )
+
+    preparer = DeepSeekV4DecodePreparer(layout)
+    first = preparer.prepare(batch(torch.tensor([7, 9]), torch.tensor([7, 9])))
+    column = first.input_ids.view(-1)[::2]  # [b's, a's]: a view
+    assert column._base is not None and column.tolist() == [9, 7]
+    tokens, seq = (column, [9, 7]) if aliased == "token_ids" else ([11, 22], column)
+    values = batch(torch.tensor(column.tolist()) if aliased == "token_ids" else tokens, [9, 7])
+    if call == "prepare":
+        preparer.prepare(batch(tokens, seq))
+    else:
+        preparer.restage(batch(tokens, seq), buffer_slot=0)
+    fresh = DeepSeekV4DecodePreparer(layout)
+    fresh.prepare(values)
+    got, want = preparer.slot_buffers(0), fresh.slot_buffers(0)
+    assert all(torch.equal(got[name], want[name]) for name in want)
+    want_ids = [7, 7, 9, 9] if aliased == "token_ids" else [22, 22, 11, 11]
+    assert first.input_ids.view(-1).tolist() == want_ids
+    assert first.kv_seq_lens.view(-1).tolist() == [7, 7, 9, 9]

@@ -16,7 +16,6 @@ PACKAGE = Path(blockprep.__file__).parent
 MAX_LINES = 700
 
 KERNEL_FUNCTIONS = {
-    "decode_inputs",
     "differing_rows",
     "index_records",
     "paged_step",

@@ -5,9 +5,8 @@ Both provide ``GroupKernel`` with the same signatures and results (see
 
 - ``index_records``: the index of a packed message's records (the twin:
   :func:`blockprep.packed.index_records`);
-- ``decode_inputs`` (a DeepSeek decode step's dynamic inputs), ``step_slots`` (a
-  paged decode step's slots), ``paged_step`` (those slots, the tokens and the lengths written
-  in one call) and ``differing_rows`` (where two lists of ids differ); the twin:
+- ``step_slots`` (a paged decode step's slots), ``paged_step`` (those slots, the tokens and the
+  lengths written in one call) and ``differing_rows`` (where two lists of ids differ); the twin:
   :mod:`blockprep.engine.dynamic`.
 
 The compiled ones are used when they were built and ``BLOCKPREP_PURE_PYTHON`` is not set (to
@@ -51,7 +50,6 @@ def warn_fallback(error: ImportError) -> None:
 
 if TYPE_CHECKING:  # both kernels have the twin's signatures
     from blockprep.engine.dynamic import (
-        decode_inputs,
         differing_rows,
         paged_step,
         step_slots,
@@ -63,7 +61,6 @@ if TYPE_CHECKING:  # both kernels have the twin's signatures
 elif FORCED_PURE_PYTHON:
     GroupKernel = twin.GroupKernel
     index_records = packed.index_records
-    decode_inputs = dynamic.decode_inputs
     step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
     differing_rows = dynamic.differing_rows
     BACKEND = "python"
@@ -71,7 +68,6 @@ else:
     try:
         from blockprep.engine._kernel import (
             GroupKernel,
-            decode_inputs,
             differing_rows,
             index_records,
             paged_step,
@@ -84,7 +80,6 @@ else:
     except ImportError as error:  # not built (no compiler at install time): the twin
         GroupKernel = twin.GroupKernel
         index_records = packed.index_records
-        decode_inputs = dynamic.decode_inputs
         step_slots, paged_step = dynamic.step_slots, dynamic.paged_step
         differing_rows = dynamic.differing_rows
         backend.diff_lists = None  # one backend for everything
@@ -109,7 +104,6 @@ __all__ = [
     "BACKEND",
     "FORCED_PURE_PYTHON",
     "GroupKernel",
-    "decode_inputs",
     "differing_rows",
     "index_records",
     "kernel_backend",

@@ -666,8 +666,6 @@ static PyTypeObject GroupKernelType = {
 static PyMethodDef module_methods[] = {
     {"index_records", (PyCFunction)bk_index_records, METH_VARARGS,
      "index_records(data, count, rows, groups) -> [{table row: (offset, ...)}] per group, or None"},
-    {"decode_inputs", (PyCFunction)bk_decode_inputs, METH_VARARGS,
-     "decode_inputs(source, tokens, seq, input_ids, position_ids, kv_seq_lens): a decode step's rows"},
     {"step_slots", (PyCFunction)(void (*)(void))bk_step_slots, METH_FASTCALL,
      "step_slots(seq_lens, items, lengths, table, width, page_size, max_seq_len) -> slots or None"},
     {"paged_step", (PyCFunction)(void (*)(void))bk_paged_step, METH_FASTCALL,

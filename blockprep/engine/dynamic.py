@@ -1,10 +1,7 @@
-"""A decode step's dynamic inputs in one call each, in pure Python and NumPy: the specification of
-``dynamic.c`` (the compiled ``_kernel``'s ``decode_inputs``, ``step_slots``,
-``paged_step`` and ``differing_rows``), and the fallback.
+"""A paged decode step's dynamic inputs in one call each, in pure Python and NumPy: the
+specification of ``dynamic.c`` (the compiled ``_kernel``'s ``step_slots``, ``paged_step`` and
+``differing_rows``), and the fallback.
 
-- :func:`decode_inputs`: the standard decode step's rows (seed-semantics 6.5): table row ``t``
-  gets request ``q = source[t]``'s token in every one of its ``S`` token columns, its position
-  ``seq[q] - 1`` in every position column, and its KV length ``seq[q]``.
 - :func:`step_slots`: a paged decode step's slot mapping (seed-semantics 2.3), each row's page
   read from a message's new list or from the table as it stands; ``None`` when a row fails
   upstream's checks (the caller's row loop words the error). It writes nothing.
@@ -63,77 +60,6 @@ def _array(obj: object, name: str, itemsize: int) -> npt.NDArray[Any]:
         ):
             return obj
     return np.asarray(_view(obj, name, itemsize, False))
-
-
-def _output(obj: object, name: str, itemsize: int) -> npt.NDArray[Any]:
-    """A C-contiguous, writable integer array to write (:func:`_view`'s rules), flat."""
-    if (
-        type(obj) is np.ndarray
-        and obj.dtype.kind == "i"
-        and obj.dtype.itemsize == itemsize
-        and obj.dtype.isnative
-        and obj.flags.c_contiguous
-        and obj.flags.writeable
-    ):
-        return obj.reshape(-1)
-    return np.asarray(_view(obj, name, itemsize, True)).reshape(-1)
-
-
-def decode_inputs(
-    source: object,
-    tokens: object,
-    seq: object,
-    input_ids: object,
-    position_ids: object,
-    kv_seq_lens: object,
-) -> None:
-    """Write the standard decode step's rows: per table row ``t`` (``T = len(source)`` rows) and
-    its request ``q = source[t]``, ``input_ids[t, :] = tokens[q]``, ``position_ids[t, :] =
-    seq[q] - 1``, ``kv_seq_lens[t] = seq[q]``.
-
-    Args:
-        source: ``[T]`` int64: each table row's request, in ``[0, A)``.
-        tokens: ``[A]`` int64: each request's token (``A = len(tokens)``).
-        seq: ``[>= A]`` int64: each request's sequence length, in ``[1, 2**31)`` (the first
-            ``A`` are read).
-        input_ids: ``T * S`` int64 cells (``S >= 1``), row-major ``[T, S]``.
-        position_ids: ``T * S`` int32 cells, row-major ``[T, S]``.
-        kv_seq_lens: ``T`` int32 cells.
-
-    Raises:
-        TypeError: an argument of another kind (the argument named).
-        ValueError: shapes that do not fit, a request in ``source`` outside ``[0, A)`` or a
-            sequence length outside ``[1, 2**31)`` (the first one named); nothing is written.
-    """
-    src = _array(source, "source", 8)
-    tok = _array(tokens, "tokens", 8)
-    lens = _array(seq, "seq", 8)
-    out_ids = _output(input_ids, "input_ids", 8)
-    out_pos = _output(position_ids, "position_ids", 4)
-    out_kv = _output(kv_seq_lens, "kv_seq_lens", 4)
-    T, A = src.shape[0], tok.shape[0]
-    if lens.shape[0] < A:
-        raise ValueError(f"seq holds {lens.shape[0]} lengths, fewer than the {A} tokens")
-    cells = out_ids.shape[0]
-    if T == 0 or cells % T or cells // T == 0:
-        raise ValueError(f"input_ids must hold a positive multiple of {T} cells, got {cells}")
-    if out_pos.shape[0] != cells or out_kv.shape[0] != T:
-        raise ValueError(
-            f"position_ids must hold {cells} cells and kv_seq_lens {T}, got "
-            f"{out_pos.shape[0]} and {out_kv.shape[0]}"
-        )
-    if A == 0 or src.min() < 0 or src.max() >= A:
-        t = int(np.flatnonzero((src < 0) | (src >= A))[0])
-        raise ValueError(f"source[{t}] = {int(src[t])} is not a request in [0, {A})")
-    head = lens[:A]
-    if head.min() < 1 or head.max() > INT32_MAX:
-        q = int(np.flatnonzero((head < 1) | (head > INT32_MAX))[0])
-        raise ValueError(f"seq[{q}] = {int(head[q])} is not a length in [1, 2**31)")
-    S = cells // T
-    rows = head[src]
-    out_ids.reshape(T, S)[...] = tok[src][:, None]
-    out_pos.reshape(T, S)[...] = (rows - 1)[:, None]
-    out_kv[...] = rows
 
 
 def step_slots(

@@ -172,7 +172,6 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs,
                    PyObject *kwnames);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */
 
-PyObject *bk_decode_inputs(PyObject *module, PyObject *args);
 PyObject *bk_step_slots(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *bk_differing_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -19,7 +19,6 @@ from blockprep.adapters.deepseek.assignment import Assignment
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.adapters.deepseek.rows import DecodeColumns, StepRows
 from blockprep.buffers import host_tensor
-from blockprep.engine import decode_inputs, kernel_buffer
 
 
 class DynamicInputs:
@@ -47,7 +46,8 @@ class DynamicInputs:
         self.input_np = self.input_ids.numpy().reshape(R * b, S)
         self.positions_np = self.position_ids.numpy().reshape(R * b, S)
         self.kv_np = self.kv_seq_lens.numpy().reshape(R * b)
-        self._outputs = tuple(map(kernel_buffer, (self.input_np, self.positions_np, self.kv_np)))
+        # [S, R * b] views: a [R * b] column assigned to them fills each of the S token columns
+        self.input_columns, self.position_columns = self.input_np.T, self.positions_np.T
         self.owner_key: tuple[tuple[int, ...], int] | None = None
 
     def write(
@@ -64,8 +64,12 @@ class DynamicInputs:
         source = assignment.source
         R = self.ranks
         if isinstance(rows, DecodeColumns) and dirty is None:
-            # One call (the caller checked seq in [1, max_seq_len], so it cannot raise).
-            decode_inputs(source, rows.tokens, rows.seq, *self._outputs)
+            # Gathers first, then writes: an input that is a view of these buffers (an engine
+            # feeding the last step's column back) is read whole before it is overwritten.
+            tokens, kv = rows.tokens[source], rows.seq[source]
+            self.kv_np[...] = kv
+            self.input_columns[...] = tokens
+            self.position_columns[...] = kv - 1
         else:
             if isinstance(rows, DecodeColumns):
                 rows = rows.rows()

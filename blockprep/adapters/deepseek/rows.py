@@ -49,8 +49,8 @@ class Rows:
 class DecodeColumns:
     """The standard step's rows as columns: request ``q``'s token ``tokens[q]`` in each of its
     ``decode_seq`` token columns at position ``seq[q] - 1``, its KV length ``seq[q]``; what
-    :func:`blockprep.engine.decode_inputs` writes in one call. ``last_position``: the largest
-    position (``max(seq) - 1``)."""
+    :class:`~blockprep.adapters.deepseek.dynamic.DynamicInputs` gathers. ``last_position``: the
+    largest position (``max(seq) - 1``)."""
 
     tokens: npt.NDArray[np.int64]
     seq: npt.NDArray[np.int64]
@@ -115,7 +115,7 @@ def decode_rows(
 ) -> DecodeColumns:
     """The standard step: ``token_ids[i]`` at ``seq_len - 1``, over ``decode_seq`` (``seq``:
     :func:`checked_seq_lens`' ``A`` lengths)."""
-    shortest, longest = int(np.minimum.reduce(seq)), int(np.maximum.reduce(seq))
+    shortest, longest = int(seq[seq.argmin()]), int(seq[seq.argmax()])  # 1/3 of two reduces
     if shortest < 1:
         raise BlockprepValueError("decode seq_lens must be positive")
     tokens = token_column(batch.token_ids, A, "token_ids")
