@@ -29,6 +29,7 @@ apply in message order to what its request held as of ``base``, exactly as the s
 
 from __future__ import annotations
 
+import operator
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
@@ -218,6 +219,7 @@ def index_records(
     """
     if type(data) is not bytes or len(data) % 4:
         raise TypeError("data must be bytes of whole int32 words")
+    count = operator.index(count)  # any int: one past the payload's room is a miscount
     if type(rows) is not list:
         raise TypeError("rows must be a list of table rows")
     if not 1 <= groups <= 1 << 16:

@@ -106,7 +106,7 @@ def test_index_records_compiled_equals_twin(data) -> None:
     if damage == 1 and words:
         words = words[: data.draw(st.integers(0, len(words) - 1))]
     elif damage == 2:
-        count += data.draw(st.sampled_from([-1, 1]))
+        count += data.draw(st.sampled_from([-1, 1, 2**63, 2**64, -(2**70)]))
     elif damage == 3 and words:
         words[data.draw(st.integers(0, len(words) - 1))] = data.draw(
             st.sampled_from([-1, 0, 5, batch, groups, 2**31 - 1, -(2**31)])
@@ -137,7 +137,10 @@ def test_index_records_compiled_equals_twin(data) -> None:
         (b"", 0, (0,), 1),
         (b"", 0, [0], 0),
         (b"", 0, [0], 2**17),
+        (b"", 1.0, [0], 1),
+        (b"", "0", [0], 1),
         ("", 0, [], 1),
+        ("", 1.0, [], 1),
     ],
 )
 def test_index_records_refuses_bad_arguments(args) -> None:

@@ -36,6 +36,7 @@ from test_deepseek_state import LAYOUT
 from blockprep.adapters.deepseek import DeepSeekV4DecodePreparer, DeepSeekV4Layout
 from blockprep.adapters.deepseek.layout import GROUP_NAMES
 from blockprep.adapters.qwen import QwenDecodePreparer
+from blockprep.adapters.vllm import VllmBlockTable
 from blockprep.batch import DecodeBatch
 from blockprep.reference import QwenDecodePrep97
 from blockprep.testing import DeepSeekV4SchedulerSim
@@ -216,6 +217,25 @@ def test_bad_records_write_nothing(records: Any, error: type[Exception], match: 
     assert_unchanged(preparer, before)
     views = preparer.prepare(packed_delta(packed(2, 0, [])))
     assert_equal(views, rebuild(small_batch(GROUP_IDS), LAYOUT), "after a rejected step")
+
+
+@pytest.mark.parametrize("count", [2**63, 2**64 + 1, -1])
+def test_a_record_count_no_payload_holds_is_a_delta_message_error(count: int) -> None:
+    """A count past int64 with a valid checksum is a miscount (the resend recovery catches it),
+    not an ``OverflowError`` from the compiled index; nothing is written."""
+    preparer = fresh_preparer()
+    preparer.prepare(packed_delta(packed(0, None, whole_records(GROUP_IDS))))
+    before = tables_of(preparer)
+    words = [2, G["ori"], 0, 1, 9]
+    with pytest.raises(DeltaMessageError, match=f"says {count} records, holds 1"):
+        preparer.prepare(packed_delta(packed_from_words(1, 0, count, words)))
+    assert_unchanged(preparer, before)
+    table = VllmBlockTable(16, max_num_reqs=2, max_num_blocks_per_req=4, max_num_batched_tokens=8)
+    table.apply_packed(packed_from_words(0, None, 1, [1, 0, 0, 2, 5, 6]))
+    held = table.get_numpy_array().copy()
+    with pytest.raises(DeltaMessageError, match=f"says {count} records, holds 1"):
+        table.apply_packed(packed_from_words(1, 0, count, [2, 0, 0, 1, 7]))
+    assert (table.get_numpy_array() == held).all()
 
 
 def test_records_change_what_the_request_holds_and_mtp_passes_nothing_changed() -> None:

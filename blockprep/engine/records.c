@@ -71,14 +71,19 @@ static PyObject *grouped_dicts(const Entry *e, Py_ssize_t n, Py_ssize_t groups)
 
 PyObject *bk_index_records(PyObject *module, PyObject *args)
 {
-    PyObject *packed, *rows;
-    Py_ssize_t count, groups;
-    if (!PyArg_ParseTuple(args, "OnOn:index_records", &packed, &count, &rows, &groups))
+    PyObject *packed, *count_arg, *rows;
+    Py_ssize_t groups;
+    if (!PyArg_ParseTuple(args, "OOOn:index_records", &packed, &count_arg, &rows, &groups))
         return NULL;
     if (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4) {
         PyErr_SetString(PyExc_TypeError, "data must be bytes of whole int32 words");
         return NULL;
     }
+    /* A count past Py_ssize_t (a message may claim 2**63 records) is clipped: no payload holds
+     * that many, so it is a miscount (None), as in the twin, never an OverflowError. */
+    const Py_ssize_t count = PyNumber_AsSsize_t(count_arg, NULL);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
     if (!PyList_CheckExact(rows)) {
         PyErr_SetString(PyExc_TypeError, "rows must be a list of table rows");
         return NULL;
