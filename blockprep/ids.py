@@ -36,6 +36,9 @@ from blockprep.errors import BlockprepTypeError, BlockprepValueError
 INT32_MAX = 2**31 - 1
 """Largest block id a table can hold (the tables are int32)."""
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of a token, a length or an id that enters blockprep anywhere (int64 buffers)."""
+
 NEGATIVE_ID_MESSAGE = "block IDs must not be negative"
 
 Kind = Literal["ring", "paged"]

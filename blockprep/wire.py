@@ -44,7 +44,7 @@ import torch
 
 from blockprep import backend, log
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
-from blockprep.ids import has_integer_dtype, is_integer_id
+from blockprep.ids import INT64_MAX, INT64_MIN, has_integer_dtype, is_integer_id
 
 WHOLE, APPEND, SET, TRUNCATE = "w", "a", "s", "t"
 """The operation tags."""
@@ -259,15 +259,18 @@ def _id_copy(ids: object) -> list[Any]:
 
 def _plain(ids: Sequence[Any]) -> list[int]:
     """``ids`` as plain ints (NumPy integers converted), for msgpack; ``TypeError`` for
-    anything else (bools and floats included)."""
-    if all(type(x) is int for x in ids):
-        return list(ids)
-    for x in ids:
-        if not is_integer_id(x):
-            raise BlockprepTypeError(
-                f"block IDs must be integers, got {x!r} of type {type(x).__name__}"
-            )
-    return list(map(operator.index, ids))
+    anything else (bools and floats included), ``ValueError`` for an id outside int64."""
+    if not all(type(x) is int for x in ids):
+        for x in ids:
+            if not is_integer_id(x):
+                raise BlockprepTypeError(
+                    f"block IDs must be integers, got {x!r} of type {type(x).__name__}"
+                )
+        ids = list(map(operator.index, ids))
+    if ids and (min(ids) < INT64_MIN or max(ids) > INT64_MAX):
+        x = next(x for x in ids if not INT64_MIN <= x <= INT64_MAX)
+        raise BlockprepValueError(f"block IDs must fit int64, got {x}")
+    return list(ids)
 
 
 class DeltaCursor:

@@ -116,6 +116,7 @@ class DifferMachine(RuleBasedStateMachine):
                 "bool",
                 "float",
                 "big",
+                "huge",
                 "negative",
                 "reordered",
                 "missing",
@@ -186,7 +187,7 @@ class DifferMachine(RuleBasedStateMachine):
         """Make row ``row`` of the step something the compiled step does not take."""
         entry = lists[row]
         ids = entry if self.groups is None else entry[self.groups[0]]
-        if odd in ("tuple", "numpy", "bool", "float", "big", "negative") and not ids:
+        if odd in ("tuple", "numpy", "bool", "float", "big", "huge", "negative") and not ids:
             ids.append(1)
         if odd == "tuple":
             ids = tuple(ids)
@@ -198,6 +199,8 @@ class DifferMachine(RuleBasedStateMachine):
             ids[0] = 1.5
         elif odd == "big":
             ids[0] = 2**31
+        elif odd == "huge":  # outside int64: refused by both, never compared by a sentinel
+            ids[0] = data.draw(st.sampled_from([2**63, 2**70, -(2**63) - 1]))
         elif odd == "negative":
             ids[0] = -1
         elif odd == "request":
@@ -266,6 +269,27 @@ def test_the_compiled_step_takes_canonical_steps() -> None:
 )
 def test_the_compiled_step_declines_other_arguments(args: tuple[Any, ...]) -> None:
     assert compiled.diff_lists(*args) is None
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_ids_outside_int64_are_refused_by_both_paths(packed: bool) -> None:
+    """A request going from ``[5]`` to ``[2**70]``: never the same as ``[2**63]`` (one sentinel
+    for both), both paths refuse it with the same words, and nothing is remembered."""
+    for first, then in (([5], [2**70]), ([5, 6], [5, 2**64]), ([2**63], [2**70])):
+        fast, slow = (
+            (PackedDeltaEncoder(None), PackedDeltaEncoder(None))
+            if packed
+            else (
+                BlockDeltaEncoder(),
+                BlockDeltaEncoder(),
+            )
+        )
+        for lists in ([first], [then]):
+            got_fast, got_slow = encode(fast, True, ["a"], lists), encode(slow, False, ["a"], lists)
+            assert str(got_fast) == str(got_slow)
+        assert isinstance(got_fast, ValueError)
+        assert str(got_fast) == f"block IDs must fit int64, got {max(then)}"
+        assert fast._held == slow._held
 
 
 def test_a_declined_step_changes_nothing() -> None:

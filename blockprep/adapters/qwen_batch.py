@@ -17,9 +17,7 @@ from blockprep.adapters.qwen_abi import QWEN3_PREPARED_ARGUMENTS, qwen3_prepared
 from blockprep.batch import DecodeBatch
 from blockprep.buffers import check_adopted, check_disjoint
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
-from blockprep.ids import NOT_ID_ROWS, has_integer_dtype
-
-INT64_MAX = 2**63 - 1
+from blockprep.ids import INT64_MAX, NOT_ID_ROWS, has_integer_dtype
 
 
 def adopted_buffers(

@@ -65,14 +65,18 @@ static int words_reserve(Words *o, Py_ssize_t k)
 
 /* Whether item i of `new` differs from item i of the held copy `old`: 0 or 1, or DECLINE_ID
  * when either is not an exact int (the held copies are the caller's ids when the Python code
- * made them, so they are checked like the caller's: exact_value reads only exact ints). */
+ * made them, so they are checked like the caller's: exact_value reads only exact ints) or is
+ * beyond int64 (exact_value's one BIG for all of them: the Python encoder refuses such ids). */
 enum { DECLINE_ID = -1 };
 static inline int id_differs(PyObject *new, PyObject *old, Py_ssize_t i)
 {
     PyObject *a = PyList_GET_ITEM(new, i), *b = PyList_GET_ITEM(old, i);
     if (!PyLong_CheckExact(a) || (a != b && !PyLong_CheckExact(b)))
         return DECLINE_ID;
-    return a != b && exact_value(a) != exact_value(b);
+    if (a == b)
+        return 0;
+    const long long x = exact_value(a), y = exact_value(b);
+    return x == BIG || y == BIG ? DECLINE_ID : x != y;
 }
 
 /* Record header then items [from, to) of `lst` (each an id in range, else DECLINE). */

@@ -22,9 +22,7 @@ from blockprep.adapters.deepseek.checks import normalization_error, raise_first
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
-from blockprep.ids import as_int, has_integer_dtype
-
-INT64_MAX = 2**63 - 1
+from blockprep.ids import INT64_MAX, as_int, has_integer_dtype
 
 HOST_HIDDEN_MESSAGE = "DeepSeek V4 decode requires host hidden states"
 MTP_PREVIOUS_MESSAGE = "DeepSeekV4 MTP decode requires previous token IDs and embeddings"
