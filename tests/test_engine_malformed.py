@@ -287,6 +287,21 @@ def test_reinit_rejected_keeps_the_kernel(K: type) -> None:
     same_state(w, control)
 
 
+def test_a_plan_staged_before_a_reinit_is_refused_before_any_write(K: type) -> None:
+    """A plan of rows 0 and 3 staged, then the kernel re-initialised with 2 rows: its commit is
+    refused whole (the C checks every record; the twin, whose plans carry the initialisation
+    that staged them, checks a stale one as the C does), nothing written."""
+    w = World(K)
+    stale = w.plan([0, 1, 3], [[1, 2, 9], [4, 5], [10, 11]], [0, 1, 2, NEW])
+    spec = {**SPEC, "rows": 2}
+    w.k.__init__(False, *(spec[name] for name in SPEC))
+    table, counts = np.full((2, WIDTH), 55, np.int32), np.zeros((2, 2), np.int32)
+    with pytest.raises(ValueError, match="^plan is not one this kernel staged$"):
+        w.k.commit(stale, 0, table, counts, 0, True)
+    assert (table == 55).all() and not counts.any()
+    assert [w.k.held(r) for r in range(2)] == [None, None]
+
+
 # --- reading --------------------------------------------------------------------------------------
 
 BAD_INDICES = [(-1, IndexError), (ROWS, IndexError), (2**70, IndexError), (-(2**70), IndexError)]

@@ -71,6 +71,7 @@ from blockprep.engine.rules import (
     POSITIONS,
     RANGE,
     REPEAT,
+    SPAN,
     TYPE,
     WHOLE,
     Change,
@@ -108,6 +109,15 @@ __all__ = [  # the fault codes and srcs values callers read from here
 ]
 
 
+class Plan(list):  # type: ignore[type-arg]
+    """A staged plan: its changes (``Change`` tuples), and the kernel initialisation that staged
+    it. A plan of another initialisation, or a list made elsewhere, is checked whole before its
+    commit writes anything, as the compiled kernel checks every plan's records."""
+
+    __slots__ = ("generation",)
+    generation: object
+
+
 class GroupKernel(RowChanges):
     """One group's held ids and per-slot marks (see the module docstring).
 
@@ -141,6 +151,7 @@ class GroupKernel(RowChanges):
             dict.fromkeys(range(rows), (WHOLE, ())) for _ in range(slots)
         ]
         self._bound: tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], int] | None = None
+        self._generation = object()  # this initialisation's: the plans it stages carry it
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -214,7 +225,7 @@ class GroupKernel(RowChanges):
                 except Exception:  # an id that does not compare: every row decided by itself
                     pass
                 same_lengths(items, sizes)  # an id's __eq__ may have changed a row
-            plan: list[Change] = []
+            plan = self._new_plan()
             for i in order:
                 same_sizes((rows, visits), (items, visits), (srcs, self.rows))
                 r = i if rows is None else index_arg(rows[i], self.rows, "row")
@@ -258,7 +269,7 @@ class GroupKernel(RowChanges):
     ) -> tuple[list[Change] | None, Fault | None]:
         """:meth:`stage` of ops items, row by row."""
         visits = len(items)
-        plan: list[Change] = []
+        plan = self._new_plan()
         for i in range(visits):
             same_sizes((rows, visits), (items, visits), (srcs, self.rows))
             r = i if rows is None else index_arg(rows[i], self.rows, "row")
@@ -511,8 +522,10 @@ class GroupKernel(RowChanges):
         table = checked_array(table, (self.rows, self.width), "table")
         counts = checked_array(counts, (self.rows, None), "counts")
         column = index_arg(column, counts.shape[1], "column")
-        if type(plan) is not list:
-            raise TypeError("plan must be a plan this kernel staged")
+        if type(plan) is not Plan or plan.generation is not self._generation:
+            if type(plan) is not list and type(plan) is not Plan:
+                raise TypeError("plan must be a plan this kernel staged")
+            self._check_plan(plan)  # stale or made elsewhere: every change, before any write
         held, distinct, ring = self._held, self._distinct, self.ring
         for r, new, mark, checked in plan:
             held[r] = new
@@ -521,6 +534,39 @@ class GroupKernel(RowChanges):
             for marks in self._marks:
                 marks[r] = merged(marks.get(r), mark, ring)
         return self._render(self._marks[slot], table, want)
+
+    def _new_plan(self) -> Plan:
+        plan = Plan()
+        plan.generation = self._generation
+        return plan
+
+    def _check_plan(self, plan: list[Any]) -> None:
+        """``ValueError`` unless every change is a row of this kernel, a list of ids, a mark
+        whose positions fit the width and a bool (the compiled ``check_plan``'s bounds)."""
+        for change in plan:
+            if not (
+                type(change) is tuple
+                and len(change) == 4
+                and type(change[0]) is int
+                and 0 <= change[0] < self.rows
+                and type(change[1]) is list
+                and type(change[3]) is bool
+                and self._fits(change[2])
+            ):
+                raise ValueError("plan is not one this kernel staged")
+
+    def _fits(self, mark: object) -> bool:
+        """Whether ``mark`` is a mark of this kernel's width."""
+        if type(mark) is not tuple or len(mark) != 2 or type(mark[1]) is not tuple:
+            return False
+        mode, where = mark
+        if mode == WHOLE:
+            return True
+        if not where or not all(type(p) is int for p in where):
+            return False
+        if mode == POSITIONS:
+            return bool(0 <= min(where) and max(where) < self.width)
+        return bool(mode == SPAN and len(where) == 2 and 0 <= where[0] < where[1] <= self.width)
 
     def invalidate(self, slot: int) -> None:
         """Mark every row of slot ``slot`` (every slot: -1) whole."""
@@ -562,7 +608,7 @@ class GroupKernel(RowChanges):
 
     def rows_of(self, plan: list[Change]) -> list[int]:
         """The rows a plan this kernel staged changes, in its order."""
-        if type(plan) is not list:
+        if type(plan) is not Plan and type(plan) is not list:
             raise TypeError("plan must be a plan this kernel staged")
         return [change[0] for change in plan]
 
