@@ -565,7 +565,7 @@ class GroupKernel(RowChanges):
         if not where or not all(type(p) is int for p in where):
             return False
         if mode == POSITIONS:
-            return bool(0 <= min(where) and max(where) < self.width)
+            return bool(min(where) >= 0 and max(where) < self.width)
         return bool(mode == SPAN and len(where) == 2 and 0 <= where[0] < where[1] <= self.width)
 
     def invalidate(self, slot: int) -> None:
