@@ -296,7 +296,7 @@ def test_a_plan_staged_before_a_reinit_is_refused_before_any_write(K: type) -> N
     spec = {**SPEC, "rows": 2}
     w.k.__init__(False, *(spec[name] for name in SPEC))
     table, counts = np.full((2, WIDTH), 55, np.int32), np.zeros((2, 2), np.int32)
-    with pytest.raises(ValueError, match="^plan is not one this kernel staged$"):
+    with pytest.raises(ValueError, match=r"^plan is not one this kernel staged$"):
         w.k.commit(stale, 0, table, counts, 0, True)
     assert (table == 55).all() and not counts.any()
     assert [w.k.held(r) for r in range(2)] == [None, None]
