@@ -917,6 +917,36 @@ def test_commit_rejects_bad_tables(
         assert table.tobytes() == before
 
 
+@pytest.mark.parametrize(
+    ("table", "counts", "message"),
+    [
+        (
+            (ROWS + 1, WIDTH),
+            (ROWS, 2),
+            f"table must have {ROWS} rows and {WIDTH} columns, got 5 x 8",
+        ),
+        (
+            (ROWS, WIDTH - 1),
+            (ROWS, 2),
+            f"table must have {ROWS} rows and {WIDTH} columns, got 4 x 7",
+        ),
+        ((ROWS, WIDTH), (ROWS - 1, 2), f"counts must have {ROWS} rows, got 3"),
+    ],
+)
+def test_shape_refusals_are_worded_alike(
+    K: type, table: tuple[int, int], counts: tuple[int, int], message: str
+) -> None:
+    """Both kernels name a table's or a counts array's wrong shape in the same words."""
+    error = rejected(
+        K,
+        lambda w: w.k.commit(
+            w.change(), 1, np.zeros(table, np.int32), np.zeros(counts, np.int32), 0, True
+        ),
+        ValueError,
+    )
+    assert str(error) == message
+
+
 COUNTS = bad_arrays(ROWS, 2)
 
 

@@ -68,7 +68,13 @@ static int get_table(PyObject *obj, Py_buffer *view, Py_ssize_t rows, Py_ssize_t
         PyErr_Format(PyExc_TypeError, "%s must be a 2-D int32 array", name);
         return -1;
     }
-    if (view->shape[0] != rows || (width >= 0 && view->shape[1] != width)) {
+    if (width < 0 && view->shape[0] != rows) { /* the twin's words */
+        PyErr_Format(PyExc_ValueError, "%s must have %zd rows, got %zd", name, rows,
+                     view->shape[0]);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    if (width >= 0 && (view->shape[0] != rows || view->shape[1] != width)) {
         PyErr_Format(PyExc_ValueError, "%s must have %zd rows and %zd columns, got %zd x %zd",
                      name, rows, width, view->shape[0], view->shape[1]);
         PyBuffer_Release(view);

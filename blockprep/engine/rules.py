@@ -185,8 +185,14 @@ def checked_array(array: object, shape: tuple[int, int | None], name: str) -> np
         array = np.asarray(array)
     if not isinstance(array, np.ndarray) or array.dtype != np.int32 or array.ndim != 2:
         raise TypeError(f"{name} must be a 2-D int32 array")
-    if array.shape[0] != shape[0] or (shape[1] is not None and array.shape[1] != shape[1]):
-        raise ValueError(f"{name} must have shape {shape}, got {array.shape}")
+    rows, width = shape
+    if width is None and array.shape[0] != rows:
+        raise ValueError(f"{name} must have {rows} rows, got {array.shape[0]}")
+    if width is not None and array.shape != (rows, width):
+        raise ValueError(
+            f"{name} must have {rows} rows and {width} columns, got "
+            f"{array.shape[0]} x {array.shape[1]}"
+        )
     if not (array.flags.c_contiguous and array.flags.writeable):
         raise ValueError(f"{name} must be C-contiguous and writable")
     return array
