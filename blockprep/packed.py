@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from blockprep.wire import APPEND, SET, TRUNCATE, WHOLE, DeltaMessageError
+from blockprep.wire import APPEND, SET, TRUNCATE, WHOLE, DeltaMessageError, refuse_numbers
 
 VERSION = 1
 """The format's version, the message's ``"v"``."""
@@ -143,10 +143,7 @@ def header(message: object) -> tuple[int, int | None, int, bytes]:
     data, count = message.get("data"), message.get("count")
     seq, base = message.get("seq"), message.get("base")
     if type(seq) is not int or not (base is None or type(base) is int):
-        raise DeltaMessageError(
-            f"a block delta message needs an int seq and an int or None base, got seq "
-            f"{seq!r}, base {base!r}"
-        )
+        refuse_numbers(seq, base)
     if type(data) is not bytes or len(data) % 4:
         raise DeltaMessageError("packed data must be bytes of whole int32 words")
     if type(count) is not int or message.get("crc") != checksum(seq, base, count, data):

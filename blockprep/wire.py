@@ -37,7 +37,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from itertools import compress
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -295,10 +295,7 @@ class DeltaCursor:
             )
         seq, base, rows = message.get("seq"), message.get("base"), message.get("rows")
         if type(seq) is not int or not (base is None or type(base) is int):
-            raise DeltaMessageError(
-                f"a block delta message needs an int seq and an int or None base, got seq "
-                f"{seq!r}, base {base!r}"
-            )
+            refuse_numbers(seq, base)
         if type(rows) is not dict and not isinstance(rows, Mapping):
             raise DeltaMessageError(
                 f"a block delta message needs a dict of rows, got {type(rows).__name__}"
@@ -309,7 +306,11 @@ class DeltaCursor:
 
     def check_sequence(self, seq: int, base: int | None, changes: bool) -> None:
         """:class:`DeltaSequenceError` unless message ``seq`` (carrying ``changes`` or not)
-        builds on the last one applied, as :meth:`check` says (a packed message's header)."""
+        builds on the last one applied, as :meth:`check` says (a packed message's header);
+        :class:`DeltaMessageError` for a ``seq`` that is no int or a ``base`` no int or ``None``
+        (a bool or a float refused), as :meth:`check`'s."""
+        if type(seq) is not int or not (base is None or type(base) is int):
+            refuse_numbers(seq, base)
         if base is not None and (base != self.last or seq < base or (seq == base and changes)):
             raise log.resync(DeltaSequenceError(self.last, base, seq))  # a WARNING record
 
@@ -317,6 +318,14 @@ class DeltaCursor:
         """What the worker sends back after a refused message: :func:`resync_request` of the
         last message it applied."""
         return resync_request(self.last)
+
+
+def refuse_numbers(seq: object, base: object) -> NoReturn:
+    """The refusal of a message whose ``seq`` is no int or ``base`` no int or ``None``."""
+    raise DeltaMessageError(
+        f"a block delta message needs an int seq and an int or None base, got seq {seq!r}, "
+        f"base {base!r}"
+    )
 
 
 def resync_request(applied: int | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import torch
 from blockprep import BlockprepError, DecodeBatch
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.reference import QwenDecodePrep97
-from blockprep.wire import BlockDeltaEncoder, DeltaCursor, DeltaSequenceError
+from blockprep.wire import BlockDeltaEncoder, DeltaCursor, DeltaMessageError, DeltaSequenceError
 
 QWEN_BUFFERS = ("token_ids", "seq_lens", "block_table", "slot_mapping")
 
@@ -46,6 +46,21 @@ def test_cursor_refuses_a_message_whose_seq_is_not_after_its_base(seq: int) -> N
     if seq < 6:
         with pytest.raises(DeltaSequenceError, match="after its base"):
             cursor.check({"seq": seq, "base": 6, "rows": {}})
+
+
+@pytest.mark.parametrize(("seq", "base"), [(True, None), (1.0, None), (7, True), (7, 6.0)])
+def test_check_sequence_refuses_what_check_refuses(seq: object, base: object) -> None:
+    """A packed header's numbers go through ``check_sequence``: a bool or a float is refused
+    there in ``check``'s words, whatever the changes."""
+    cursor = DeltaCursor()
+    cursor.last = 6
+    message = rf"^a block delta message needs an int seq and an int or None base, got seq {seq!r}"
+    for changes in (False, True):
+        with pytest.raises(DeltaMessageError, match=message):
+            cursor.check_sequence(seq, base, changes)  # type: ignore[arg-type]
+        with pytest.raises(DeltaMessageError, match=message):
+            cursor.check({"seq": seq, "base": base, "rows": {"a": []} if changes else {}})
+    assert cursor.last == 6
 
 
 def test_a_redelivered_qwen_append_is_refused_not_applied_twice() -> None:
