@@ -453,16 +453,20 @@ class GroupedTables:
                 visit_padding = padding_rows
             else:  # padding rows that hold nothing yet
                 visit_padding = [row for row in padding_rows if kernel.length(row) < 0]
-            if moved or visit_padding:
-                rows = sorted({*group_changes, *moved, *visit_padding})
-                items = [
-                    group_changes.get(row) if keys[row] is not None else padding(gi, row)
-                    for row in rows
-                ]
-            else:
-                rows = sorted(group_changes)
-                items = list(map(group_changes.__getitem__, rows))
-            plan, fault = kernel.stage(rows, items, srcs, _convert, data=data, ops=True)
+            try:
+                if moved or visit_padding:
+                    rows = sorted({*group_changes, *moved, *visit_padding})
+                    items = [
+                        group_changes.get(row) if keys[row] is not None else padding(gi, row)
+                        for row in rows
+                    ]
+                else:
+                    rows = sorted(group_changes)
+                    items = list(map(group_changes.__getitem__, rows))
+                plan, fault = kernel.stage(rows, items, srcs, _convert, data=data, ops=True)
+            except (IndexError, TypeError):
+                _check_change_rows(group_changes, len(keys), group)  # raises for a bad row
+                raise
             if fault is not None:
                 if fault[0] == OPS:
                     ops = group_changes.get(fault[1])
@@ -652,6 +656,21 @@ def _named_buffers(slots: Sequence[_SlotState]) -> list[tuple[str, torch.Tensor]
         for s, slot in enumerate(slots)
         for name, tensor in [*slot.tables.items(), ("counts", slot.counts)]
     ]
+
+
+def _check_change_rows(changes: Mapping[Any, Any], num_rows: int, group: TableGroup) -> None:
+    """``BlockprepTypeError`` / ``BlockprepIndexError`` for the first key of ``changes`` that
+    is not a table row (an int in ``[0, num_rows)``)."""
+    for row in changes:
+        if type(row) is not int:
+            raise BlockprepTypeError(
+                f"changes of group {group.name} must be keyed by table rows (ints), got {row!r}"
+            )
+        if not 0 <= row < num_rows:
+            raise BlockprepIndexError(
+                f"changes of group {group.name} name row {row}, not a table row in "
+                f"[0, {num_rows})"
+            )
 
 
 def _where(place: Callable[[int], str], row: int, group: TableGroup, key: Hashable) -> str:

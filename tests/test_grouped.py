@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from blockprep import reference as ref
+from blockprep.errors import BlockprepIndexError, BlockprepTypeError
 from blockprep.grouped import (
     BLOCK_RENDER_MIN_ROWS,
     BlockIdTypeError,
@@ -1128,3 +1129,32 @@ def test_adopted_read_only_memory_is_refused(tmp_path: Any) -> None:
     tables["swa"] = read_only
     with pytest.raises(ValueError, match="read-only"):
         GroupedTables([RING, PAGED], 3, buffers=[(tables, counts)])
+
+
+@pytest.mark.parametrize(
+    ("row", "error", "message"),
+    [
+        (5, BlockprepIndexError, r"changes of group pages name row 5, not a table row in \[0, 3\)"),
+        (-1, BlockprepIndexError, r"changes of group pages name row -1, not a table row in"),
+        ("x", BlockprepTypeError, "changes of group pages must be keyed by table rows .*'x'"),
+        (True, BlockprepTypeError, "changes of group pages must be keyed by table rows .*True"),
+    ],
+)
+@pytest.mark.parametrize("moved", [False, True])
+def test_plan_deltas_names_a_change_row_that_is_no_table_row(
+    row: Any, error: type[Exception], message: str, moved: bool
+) -> None:
+    """A change keyed by something that is no table row: a BlockprepError naming the group and
+    the row (it was a bare ``IndexError("list index out of range")``), nothing planned."""
+    gt = GroupedTables([RING, PAGED], 3)
+    keys = ["a", "b", "c"]
+    step(gt, [[[1], [2], [3]], [[10], [11], [12]]], keys)
+    before = [gt.tables(0)[name].clone() for name in ("swa", "pages")]
+    new_keys = ["b", "a", "c"] if moved else keys  # rows moved: the other walk
+    with pytest.raises(error, match=message):
+        gt.plan_deltas([{}, {row: [["a", [13]]]}], new_keys, lambda g, r: [])
+    step(gt, [[[1], [2], [3]], [[10], [11], [12]]], keys)
+    assert all(
+        torch.equal(gt.tables(0)[name], was)
+        for name, was in zip(("swa", "pages"), before, strict=True)
+    )
