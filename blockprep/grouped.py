@@ -668,8 +668,7 @@ def _check_change_rows(changes: Mapping[Any, Any], num_rows: int, group: TableGr
             )
         if not 0 <= row < num_rows:
             raise BlockprepIndexError(
-                f"changes of group {group.name} name row {row}, not a table row in "
-                f"[0, {num_rows})"
+                f"changes of group {group.name} name row {row}, not a table row in [0, {num_rows})"
             )
 
 

@@ -91,9 +91,14 @@ def test_apply_deltas_refuses_malformed_arguments(kwargs: dict[str, Any], messag
 
 
 def test_vllm_device_must_parse() -> None:
-    with pytest.raises(ValueError, match=r"^device 'bogus' is not a torch device"):
+    """blockprep's words only: not torch's internal list of device types."""
+    message = (
+        r"^device 'bogus' is not a torch device \(a device type torch knows, such as 'cpu' or "
+        r"'cuda:0', or a torch.device\)$"
+    )
+    with pytest.raises(ValueError, match=message):
         VllmBlockTable(16, 2, 4, 8, device="bogus")
-    with pytest.raises(ValueError, match=r"^device 'bogus' is not a torch device"):
+    with pytest.raises(ValueError, match=message):
         VllmMultiGroupBlockTable(2, 64, 8, False, "bogus", [16])
 
 

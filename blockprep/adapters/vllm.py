@@ -141,8 +141,11 @@ class VllmBlockTable:
         self.pin_memory = pin_memory
         try:
             self.device = torch_device(device)  # torch_npu imported first for "npu"
-        except RuntimeError as error:  # a device string torch does not know
-            raise BlockprepValueError(f"device {device!r} is not a torch device: {error}") from None
+        except RuntimeError:  # a device string torch does not know
+            raise BlockprepValueError(
+                f"device {device!r} is not a torch device (a device type torch knows, such as "
+                "'cpu' or 'cuda:0', or a torch.device)"
+            ) from None
         self._table = BlockTable(
             self.max_num_reqs,
             self.max_num_blocks_per_req,
