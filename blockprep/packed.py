@@ -219,6 +219,7 @@ def index_records(
     count = operator.index(count)  # any int: one past the payload's room is a miscount
     if type(rows) is not list:
         raise TypeError("rows must be a list of table rows")
+    groups = operator.index(groups)
     if not 1 <= groups <= 1 << 16:
         raise ValueError(f"groups must be in [1, {1 << 16}], got {groups}")
     out: list[dict[int, Any]] = [{} for _ in range(groups)]

@@ -71,9 +71,8 @@ static PyObject *grouped_dicts(const Entry *e, Py_ssize_t n, Py_ssize_t groups)
 
 PyObject *bk_index_records(PyObject *module, PyObject *args)
 {
-    PyObject *packed, *count_arg, *rows;
-    Py_ssize_t groups;
-    if (!PyArg_ParseTuple(args, "OOOn:index_records", &packed, &count_arg, &rows, &groups))
+    PyObject *packed, *count_arg, *rows, *groups_arg;
+    if (!PyArg_ParseTuple(args, "OOOO:index_records", &packed, &count_arg, &rows, &groups_arg))
         return NULL;
     if (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) % 4) {
         PyErr_SetString(PyExc_TypeError, "data must be bytes of whole int32 words");
@@ -88,8 +87,11 @@ PyObject *bk_index_records(PyObject *module, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "rows must be a list of table rows");
         return NULL;
     }
+    const Py_ssize_t groups = PyNumber_AsSsize_t(groups_arg, NULL); /* clipped: never overflows */
+    if (groups == -1 && PyErr_Occurred())
+        return NULL;
     if (groups < 1 || groups > MAX_GROUPS) {
-        PyErr_Format(PyExc_ValueError, "groups must be in [1, %d], got %zd", MAX_GROUPS, groups);
+        PyErr_Format(PyExc_ValueError, "groups must be in [1, %d], got %R", MAX_GROUPS, groups_arg);
         return NULL;
     }
     const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(packed);
