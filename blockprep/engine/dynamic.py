@@ -38,7 +38,7 @@ def _view(obj: object, name: str, itemsize: int, writable: bool) -> memoryview:
     kind = "int64" if itemsize == 8 else "int32"
     try:
         view = memoryview(obj)  # type: ignore[arg-type]
-    except TypeError:
+    except (TypeError, ValueError):  # ValueError: NumPy's dtypes a buffer cannot carry
         raise TypeError(f"{name} must be an {kind} array") from None
     code = view.format.lstrip("=<@")
     if view.itemsize != itemsize or code not in (_INT64 if itemsize == 8 else _INT32):
@@ -163,7 +163,7 @@ def _column(obj: object, name: str, rows: int) -> npt.NDArray[Any]:
     else:
         try:
             view = memoryview(obj)  # type: ignore[arg-type]
-        except TypeError:
+        except (TypeError, ValueError):  # ValueError: NumPy's dtypes a buffer cannot carry
             view = None
         if (
             view is None
