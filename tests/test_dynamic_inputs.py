@@ -352,3 +352,28 @@ def test_differing_rows_survive_a_comparison_that_changes_the_lists() -> None:
             module.differing_rows(["x", _Shrinking(None)], ["x", "y"])
         with pytest.raises(TypeError):
             module.differing_rows(["x"])  # type: ignore[call-arg]
+
+
+class _Growing:
+    """An id whose ``!=`` appends a differing row to both lists."""
+
+    def __init__(self, lists: list[list[Any]]) -> None:
+        self.lists = lists
+
+    def __ne__(self, other: object) -> bool:
+        for rows in self.lists:
+            rows.append(len(rows) * (2 if rows is self.lists[0] else 3))
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_differing_rows_compare_the_rows_the_lists_had_when_called() -> None:
+    """A ``!=`` that grows both lists adds no row to the answer, in both: the C re-read the
+    sizes each row and answered ``[0, 2]`` where the twin answered ``[0]``."""
+    for module in IMPLEMENTATIONS:
+        new: list[Any] = ["x", "y"]
+        old: list[Any] = ["w", "y"]
+        new[0] = _Growing([new, old])
+        assert module.differing_rows(new, old) == [0], module.__name__
+        assert len(new) == len(old) == 3

@@ -347,7 +347,11 @@ PyObject *bk_differing_rows(PyObject *module, PyObject *const *args, Py_ssize_t 
     PyObject *rows = PyList_New(0);
     if (!rows)
         return NULL;
-    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(new) && r < PyList_GET_SIZE(old); r++) {
+    /* The rows the lists had when the call began (a != that grows them adds none, as in the
+     * twin); a list that shrinks ends the walk. */
+    const Py_ssize_t n_rows = PyList_GET_SIZE(new);
+    for (Py_ssize_t r = 0; r < n_rows && r < PyList_GET_SIZE(new) && r < PyList_GET_SIZE(old);
+         r++) {
         PyObject *x = PyList_GET_ITEM(new, r), *y = PyList_GET_ITEM(old, r);
         int differ;
         if (PyUnicode_CheckExact(x) && PyUnicode_CheckExact(y)) {

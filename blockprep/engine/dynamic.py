@@ -237,7 +237,8 @@ def paged_step(
 def differing_rows(new: object, old: object) -> list[int] | None:
     """The rows ``r`` where ``new[r] != old[r]``, in row order, for two lists (exactly) of one
     length; ``None`` for anything else (the caller compares itself). An exception of a ``!=``
-    goes up."""
+    goes up. The rows are those the lists had when the call began: a ``!=`` that grows them adds
+    none, one that shrinks them ends the walk."""
     if type(new) is not list or type(old) is not list or len(new) != len(old):
         return None
     return list(compress(range(len(new)), map(operator.ne, new, old)))
