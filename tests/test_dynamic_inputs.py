@@ -287,6 +287,39 @@ def test_paged_step_refuses_alike_and_writes_nothing(where: int, value: Any) -> 
     assert got[0][0] != "ok", got
 
 
+def _overlapping(kind: str) -> list[np.ndarray]:
+    """Three output columns of two rows, two of them sharing cells."""
+    if kind == "same":
+        one = np.full(2, 5, np.int32)
+        return [one, one, np.full(2, 5, np.int64)]
+    if kind == "shifted":  # seq_out starts at token_out's second cell
+        base = np.full(3, 5, np.int32)
+        return [base[:2], base[1:], np.full(2, 5, np.int64)]
+    if kind == "interleaved":  # even and odd cells: the extents meet, the cells do not
+        base = np.full(4, 5, np.int64)
+        return [np.full(2, 5, np.int32), base[0::2], base[1::2]]
+    base = np.full(4, 5, np.int32)  # "apart": two halves of one array
+    return [base[:2], base[2:], np.full(2, 5, np.int64)]
+
+
+@pytest.mark.parametrize("kind", ["same", "shifted", "interleaved", "apart"])
+def test_paged_step_refuses_outputs_that_overlap(kind: str) -> None:
+    """Outputs whose extents meet are refused by both before any write (the C wrote one
+    column's cells over another's, the twin in another order); columns apart are written."""
+    got = []
+    for module in IMPLEMENTATIONS:
+        out = _overlapping(kind)
+        table = (np.array([2, 2], np.int32), np.arange(8, dtype=np.int32), 4, 128, 1000)
+        got.append(call(module, "paged_step", [1, 129], [11, 12], {}, *table, *out))
+        if kind != "apart":
+            assert all(o.tolist() == [5, 5] for o in out)
+    assert got[0] == got[1]
+    if kind == "apart":
+        assert got[0][0] == "ok"
+    else:
+        assert got[0] == ("ValueError", "token_out, seq_out and slot_out must not overlap")
+
+
 def test_paged_step_of_a_step() -> None:
     """Both rows from the table, then row 1 from a message; a token that does not fit; a
     read-only output refused."""

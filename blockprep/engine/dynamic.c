@@ -271,6 +271,22 @@ static inline void put_cell(const Py_buffer *v, int items, Py_ssize_t i, long lo
     }
 }
 
+/* Whether the first rows cells of two columns may share a byte: their extents (from the lowest
+ * cell's first byte to the highest cell's last) meet, as numpy.may_share_memory says. */
+static int columns_meet(const Py_buffer *a, const Py_buffer *b, Py_ssize_t rows)
+{
+    if (rows == 0)
+        return 0;
+    const char *lo[2], *hi[2];
+    const Py_buffer *v[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        const char *first = v[k]->buf, *last = first + (rows - 1) * v[k]->strides[0];
+        lo[k] = first < last ? first : last;
+        hi[k] = (first < last ? last : first) + v[k]->itemsize;
+    }
+    return lo[0] < hi[1] && lo[1] < hi[0];
+}
+
 /* paged_step: a paged decode step written in one call: step_slots' slots, then every token
  * checked to fit token_out's type, then tokens, seq_lens and slots written into the three
  * columns (with write false, the 12th argument, nothing is written: the checks alone, before a
@@ -302,6 +318,11 @@ PyObject *bk_paged_step(PyObject *module, PyObject *const *args, Py_ssize_t narg
     for (; held < 3; held++)
         if ((items[held] = int_column(args[8 + held], &out[held], p.rows, names[held])) < 0)
             goto done;
+    if (columns_meet(&out[0], &out[1], p.rows) || columns_meet(&out[0], &out[2], p.rows) ||
+        columns_meet(&out[1], &out[2], p.rows)) {
+        PyErr_SetString(PyExc_ValueError, "token_out, seq_out and slot_out must not overlap");
+        goto done;
+    }
     int passed = slots_into(&p, stack, &slots);
     if (passed < 0)
         goto done;
@@ -332,8 +353,8 @@ done:
 /* differing_rows(new, old): the rows r where new[r] != old[r] (operator.ne, as the twin's map),
  * for two exact lists of one length, in row order; None for anything else (the caller then
  * compares itself). Exact str pairs are compared here (identity, then contents: what str's !=
- * says); any other pair by its own !=, which may run Python code: both lists are read again at
- * every row and the walk ends at the shorter, as two list iterators end. */
+ * says); any other pair by its own !=, which may run Python code: the walk covers the rows the
+ * lists had when the call began and ends early where a list shrank, as the twin's does. */
 PyObject *bk_differing_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 2) {

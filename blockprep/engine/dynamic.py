@@ -20,7 +20,7 @@ nothing) and raise the same exception types with the same messages.
 from __future__ import annotations
 
 import operator
-from itertools import compress
+from itertools import combinations, compress
 from typing import Any
 
 import numpy as np
@@ -219,6 +219,9 @@ def paged_step(
     out_tokens = _column(token_out, "token_out", rows)
     out_seq = _column(seq_out, "seq_out", rows)
     out_slots = _column(slot_out, "slot_out", rows)
+    heads = (out_tokens[:rows], out_seq[:rows], out_slots[:rows])
+    if rows and any(np.may_share_memory(a, b) for a, b in combinations(heads, 2)):
+        raise ValueError("token_out, seq_out and slot_out must not overlap")
     if slots is None or len(tokens) != rows:
         return False
     wide = out_tokens.dtype.itemsize == 8
