@@ -302,6 +302,31 @@ def test_a_plan_staged_before_a_reinit_is_refused_before_any_write(K: type) -> N
     assert [w.k.held(r) for r in range(2)] == [None, None]
 
 
+def test_a_kernel_made_without_init_is_an_empty_one(K: type) -> None:
+    """``GroupKernel.__new__`` without ``__init__``: no rows, no slots, in both kernels (the twin
+    raised AttributeError): every row or slot is out of range, every call over all of them does
+    nothing."""
+    k = K.__new__(K)
+    assert (k.rows, k.slots, k.width, k.ring) == (0, 0, 0, False)
+    empty = np.zeros((0, 1), np.int32)
+    for call, message in [
+        (lambda: k.held(0), r"^row 0 out of range \[0, 0\)$"),
+        (lambda: k.length(0), r"^row 0 out of range \[0, 0\)$"),
+        (lambda: k.stage([0], [[1]], [], _convert), r"^row 0 out of range \[0, 0\)$"),
+        (lambda: k.clear(0), r"^row 0 out of range \[0, 0\)$"),
+        (lambda: k.invalidate(0), r"^slot 0 out of range \[0, 0\)$"),
+        (lambda: k.commit(k.stage([], [], [], _convert)[0], 0, empty, empty, 0, False), "slot 0"),
+    ]:
+        with pytest.raises(IndexError, match=message):
+            call()
+    plan, fault = k.stage([], [], [], _convert)
+    assert fault is None and k.rows_of(plan) == []
+    for call in (lambda: k.clear(-1), lambda: k.forget(-1), k.reset, lambda: k.invalidate(-1)):
+        assert call() is None
+    with pytest.raises(RuntimeError, match="needs the buffers of bind"):
+        k.apply_row(0, 0, [1])
+
+
 # --- reading --------------------------------------------------------------------------------------
 
 BAD_INDICES = [(-1, IndexError), (ROWS, IndexError), (2**70, IndexError), (-(2**70), IndexError)]

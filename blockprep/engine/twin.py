@@ -127,6 +127,15 @@ class GroupKernel(RowChanges):
     not repeat an id (the rule 4). Every slot starts marked whole.
     """
 
+    def __new__(cls, *args: object, **kwargs: object) -> GroupKernel:
+        """An empty kernel, as the C's before ``__init__``: no rows, no slots."""
+        self = super().__new__(cls)
+        self.ring, self.distinct = False, False
+        self.width = self.limit = self.shortest = self.pad = self.rows = self.slots = 0
+        self._held, self._distinct, self._marks = [], [], []
+        self._bound, self._generation = None, object()
+        return self
+
     def __init__(
         self,
         ring: bool,
