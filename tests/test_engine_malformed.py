@@ -972,6 +972,28 @@ def test_shape_refusals_are_worded_alike(
     assert str(error) == message
 
 
+@pytest.mark.parametrize("method", ["commit", "bind"])
+def test_a_table_and_counts_that_overlap_are_refused(K: type, method: str) -> None:
+    """Counts that are cells of the table (or the table itself viewed as counts): refused by both
+    before any write, whatever order a write would take."""
+    buffer = np.full(ROWS * WIDTH + 4, 55, np.int32)
+    table = buffer[: ROWS * WIDTH].reshape(ROWS, WIDTH)
+    for counts in (buffer[ROWS * WIDTH - 2 : ROWS * WIDTH + 2].reshape(ROWS, 1), table):
+        before = buffer.copy()
+
+        def call(w: World, counts: np.ndarray = counts) -> Any:
+            if method == "commit":
+                return w.k.commit(w.change(), 1, table, counts, 0, True)
+            return w.k.bind(table, counts, 0)
+
+        error = rejected(K, call, ValueError)
+        assert str(error) == "table and counts must not overlap"
+        assert (buffer == before).all()
+    apart = buffer[ROWS * WIDTH :].reshape(ROWS, 1)  # the spare cells: no overlap
+    w = World(K)
+    w.k.commit(w.plan([], []), 1, table, apart, 0, False)
+
+
 COUNTS = bad_arrays(ROWS, 2)
 
 

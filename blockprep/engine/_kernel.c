@@ -88,6 +88,27 @@ static int get_table(PyObject *obj, Py_buffer *view, Py_ssize_t rows, Py_ssize_t
     return 0;
 }
 
+/* commit's and bind's table and counts (get_table each), which must not overlap: 0, or -1 with
+ * the error and neither view held. */
+static int get_tables(GroupKernel *self, PyObject *table_obj, PyObject *counts_obj,
+                      Py_buffer *table, Py_buffer *counts)
+{
+    if (get_table(table_obj, table, self->rows, self->width, "table") < 0)
+        return -1;
+    if (get_table(counts_obj, counts, self->rows, -1, "counts") < 0) {
+        PyBuffer_Release(table);
+        return -1;
+    }
+    const char *t = table->buf, *c = counts->buf; /* both C-contiguous: [buf, buf + len) */
+    if (t < c + counts->len && c < t + table->len && table->len && counts->len) {
+        PyBuffer_Release(table);
+        PyBuffer_Release(counts);
+        PyErr_SetString(PyExc_ValueError, "table and counts must not overlap");
+        return -1;
+    }
+    return 0;
+}
+
 PyObject *bk_fault(int code, Py_ssize_t row, PyObject *value)
 {
     /* (None, (code, row, value)); steals nothing: value is borrowed. */
@@ -435,12 +456,8 @@ static PyObject *kernel_commit(GroupKernel *self, PyObject *args)
     if (bk_busy(self) || bk_int_arg(slot_obj, "slot", 0, self->slots, &slot) < 0)
         return NULL;
     Py_buffer table, counts;
-    if (get_table(table_obj, &table, self->rows, self->width, "table") < 0)
+    if (get_tables(self, table_obj, counts_obj, &table, &counts) < 0)
         return NULL;
-    if (get_table(counts_obj, &counts, self->rows, -1, "counts") < 0) {
-        PyBuffer_Release(&table);
-        return NULL;
-    }
     PyObject *result = NULL, *written = NULL;
     Py_ssize_t groups = counts.shape[1];
     if (bk_int_arg(column_obj, "column", 0, groups, &column) < 0)
@@ -487,12 +504,8 @@ static PyObject *kernel_bind(GroupKernel *self, PyObject *args)
         return NULL;
     long long column;
     Py_buffer table, counts;
-    if (bk_busy(self) || get_table(table_obj, &table, self->rows, self->width, "table") < 0)
+    if (bk_busy(self) || get_tables(self, table_obj, counts_obj, &table, &counts) < 0)
         return NULL;
-    if (get_table(counts_obj, &counts, self->rows, -1, "counts") < 0) {
-        PyBuffer_Release(&table);
-        return NULL;
-    }
     if (bk_int_arg(column_obj, "column", 0, counts.shape[1], &column) < 0) {
         PyBuffer_Release(&table);
         PyBuffer_Release(&counts);

@@ -198,6 +198,18 @@ def checked_array(array: object, shape: tuple[int, int | None], name: str) -> np
     return array
 
 
+def checked_tables(
+    table: object, counts: object, rows: int, width: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """``commit``'s and ``bind``'s table (``[rows, width]``) and counts (``[rows, any]``) by
+    :func:`checked_array`'s rules; ``ValueError`` when they overlap."""
+    table = checked_array(table, (rows, width), "table")
+    counts = checked_array(counts, (rows, None), "counts")
+    if table.size and counts.size and np.may_share_memory(table, counts):
+        raise ValueError("table and counts must not overlap")
+    return table, counts
+
+
 def check_spec(
     ring: object, width: int, limit: int, shortest: int, pad: int, rows: int, slots: int
 ) -> None:

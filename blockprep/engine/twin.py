@@ -79,7 +79,7 @@ from blockprep.engine.rules import (
     Mark,
     check_set_ids,
     check_spec,
-    checked_array,
+    checked_tables,
     cleared_mark,
     equal_ids,
     holds,
@@ -528,8 +528,7 @@ class GroupKernel(RowChanges):
         want = bool(want_rows)
         self._check_idle()
         slot = index_arg(slot, self.slots, "slot")
-        table = checked_array(table, (self.rows, self.width), "table")
-        counts = checked_array(counts, (self.rows, None), "counts")
+        table, counts = checked_tables(table, counts, self.rows, self.width)
         column = index_arg(column, counts.shape[1], "column")
         if type(plan) is not Plan or plan.generation is not self._generation:
             if type(plan) is not list and type(plan) is not Plan:

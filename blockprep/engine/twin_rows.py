@@ -23,7 +23,7 @@ from blockprep.engine.rules import (
     ROW_CLEAR,
     ROW_COPY,
     Mark,
-    checked_array,
+    checked_tables,
     cleared_mark,
     index_arg,
     merged,
@@ -110,8 +110,7 @@ class RowChanges:
         """The buffers ``apply_row`` and ``apply_step`` render into: ``commit``'s arguments for
         slot 0."""
         self._check_idle()
-        table = checked_array(table, (self.rows, self.width), "table")
-        counts = checked_array(counts, (self.rows, None), "counts")
+        table, counts = checked_tables(table, counts, self.rows, self.width)
         self._bound = (table, counts, index_arg(column, counts.shape[1], "column"))
 
     def apply_row(self: _Kernel, kind: int, row: int, value: object) -> int | None:
