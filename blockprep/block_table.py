@@ -41,8 +41,8 @@ from blockprep.errors import (
 )
 from blockprep.errors import StaleRowError as StaleRowError  # re-exported
 from blockprep.errors import UnknownRowError as UnknownRowError  # re-exported
+from blockprep.faults import convert, raise_row
 from blockprep.ids import INT32_MAX, Kind, as_int, check_max_blocks, check_pad, id_list
-from blockprep.row_checks import convert, raise_row
 from blockprep.row_deltas import Changes, RowDeltas, RowItems, row_items
 from blockprep.row_deltas import RowsPlan as RowsPlan  # re-exported
 from blockprep.table_checks import check_table, verify_table
@@ -687,7 +687,7 @@ class BlockTable:
         raise AssertionError(f"the kernel refused rows that the checks take: {fault}")
 
     def _raise_row(self, row: int, ids: object) -> NoReturn:
-        """The builders' error for row ``row``'s ids (:func:`blockprep.row_checks.raise_row`)."""
+        """The builders' error for row ``row``'s ids (:func:`blockprep.faults.raise_row`)."""
         raise_row(row, ids, self._kernel.held(row), self._max_blocks, self._kind)
 
 

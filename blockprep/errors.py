@@ -10,9 +10,9 @@ written) from its own bugs with one ``except BlockprepError``::
     ├── BlockprepIndexError(BlockprepError, IndexError)
     └── BlockprepRuntimeError(BlockprepError, RuntimeError)
 
-The named errors (``UnknownRowError`` and ``StaleRowError`` here, and those of the other modules:
-``BlockIdValueError``, ``DeltaSequenceError``, ``SlotBusyError``, ...) derive from one of the
-four. This module imports nothing from blockprep.
+The named errors (``UnknownRowError``, ``StaleRowError``, ``BlockIdTypeError`` and
+``BlockIdValueError`` here, and those of the other modules: ``DeltaSequenceError``,
+``SlotBusyError``, ...) derive from one of the four. This module imports nothing from blockprep.
 """
 
 from __future__ import annotations
@@ -46,3 +46,22 @@ class UnknownRowError(BlockprepValueError):
 
 class StaleRowError(BlockprepRuntimeError):
     """:meth:`BlockTable.check` found a row whose buffer content differs from its cached ids."""
+
+
+class BlockIdTypeError(BlockprepTypeError):
+    """A changed id that is not an integer, or a row container of a non-integer dtype.
+    ``row`` is the table row, ``group`` the group name, ``value`` the offending id or row."""
+
+    def __init__(self, message: str, row: int, group: str, value: object) -> None:
+        super().__init__(message)
+        self.row, self.group, self.value = row, group, value
+
+
+class BlockIdValueError(BlockprepValueError):
+    """A changed id out of range or repeated within its row, or a row of a bad length.
+    ``row``, ``group`` and ``value`` as for :class:`BlockIdTypeError` (``value`` is ``None`` for a
+    bad length)."""
+
+    def __init__(self, message: str, row: int, group: str, value: object) -> None:
+        super().__init__(message)
+        self.row, self.group, self.value = row, group, value

@@ -32,22 +32,36 @@ then ``pad``.
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 import torch
 
-from blockprep import packed
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
 from blockprep.engine import GroupKernel, kernel_buffer
-from blockprep.engine.rules import LENGTH, NEW, OPS, PAD_RANGE, PADDING, RANGE, REPEAT, TYPE
-from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
-from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype, is_integer_id
-from blockprep.wire import DeltaMessageError, apply_ops
+from blockprep.engine.rules import NEW, OPS, PADDING
+from blockprep.errors import (
+    BlockIdTypeError,
+    BlockprepIndexError,
+    BlockprepTypeError,
+    BlockprepValueError,
+)
+from blockprep.errors import (
+    BlockIdValueError as BlockIdValueError,  # importable from here, where it was defined
+)
+from blockprep.faults import (
+    check_change_rows,
+    convert,
+    fault_error,
+    raise_ops_error,
+    record_ops,
+    row_place,
+)
+from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype
+from blockprep.wire import DeltaMessageError
 
 BLOCK_RENDER_MIN_ROWS = 8
 """Default ``block_rows`` (kept for compatibility: the kernel needs no such knob)."""
@@ -93,25 +107,6 @@ class TableGroup:
     def shortest(self) -> int:
         """The fewest ids a request's row may hold."""
         return max(self.min_ids, 1 if self.kind == "ring" else 0)
-
-
-class BlockIdTypeError(BlockprepTypeError):
-    """A changed id that is not an integer, or a row container of a non-integer dtype.
-    ``row`` is the table row, ``group`` the group name, ``value`` the offending id or row."""
-
-    def __init__(self, message: str, row: int, group: str, value: object) -> None:
-        super().__init__(message)
-        self.row, self.group, self.value = row, group, value
-
-
-class BlockIdValueError(BlockprepValueError):
-    """A changed id out of range or repeated within its row, or a row of a bad length.
-    ``row``, ``group`` and ``value`` as for :class:`BlockIdTypeError` (``value`` is ``None`` for a
-    bad length)."""
-
-    def __init__(self, message: str, row: int, group: str, value: object) -> None:
-        super().__init__(message)
-        self.row, self.group, self.value = row, group, value
 
 
 def default_place(row: int) -> str:
@@ -356,12 +351,12 @@ class GroupedTables:
             plan, fault = None, None
             if type(column) is list:  # the caller's lists as they are (the kernel checks them)
                 with contextlib.suppress(TypeError):  # a row that is no list: converted below
-                    plan, fault = kernel.stage(None, column, srcs, _convert)
+                    plan, fault = kernel.stage(None, column, srcs, convert)
             if plan is None and (fault is None or set(map(type, column)) != {list}):
                 column = [_as_list(ids, row, group, place) for row, ids in enumerate(column)]
-                plan, fault = kernel.stage(None, column, srcs, _convert)
+                plan, fault = kernel.stage(None, column, srcs, convert)
             if fault is not None:
-                raise _fault_error(fault, group, place)
+                raise fault_error(fault, group, place)
             plans.append(plan)
         return GroupedStep(tuple(plans), keys, self._version)
 
@@ -381,7 +376,7 @@ class GroupedTables:
             plans = []
             for group, kernel in zip(self._groups, self._kernels, strict=True):
                 try:
-                    plan, fault = kernel.stage(None, rows, srcs, _convert, group.name)
+                    plan, fault = kernel.stage(None, rows, srcs, convert, group.name)
                 except (TypeError, KeyError):  # a row no dict or without the group
                     break
                 if fault is not None:  # the columns' plan words it
@@ -447,7 +442,7 @@ class GroupedTables:
             if not padding_set.isdisjoint(group_changes):
                 row = min(padding_set.intersection(group_changes))
                 raise DeltaMessageError(
-                    f"block delta ops for a padding row ({_where(place, row, group, None)})"
+                    f"block delta ops for a padding row ({row_place(place, row, group, None)})"
                 )
             if keys is not previous:
                 visit_padding = padding_rows
@@ -463,17 +458,17 @@ class GroupedTables:
                 else:
                     rows = sorted(group_changes)
                     items = list(map(group_changes.__getitem__, rows))
-                plan, fault = kernel.stage(rows, items, srcs, _convert, data=data, ops=True)
+                plan, fault = kernel.stage(rows, items, srcs, convert, data=data, ops=True)
             except (IndexError, TypeError):
-                _check_change_rows(group_changes, len(keys), group)  # raises for a bad row
+                check_change_rows(group_changes, len(keys), group)  # raises for a bad row
                 raise
             if fault is not None:
                 if fault[0] == OPS:
                     ops = group_changes.get(fault[1])
                     if data is not None and type(ops) is tuple:  # packed: the ops it stands for
-                        ops = _record_ops(data, ops, fault[1])
-                    _raise_ops_error(fault[1], ops, keys, srcs, kernel, group, place)
-                raise _fault_error(fault, group, place)
+                        ops = record_ops(data, ops, fault[1])
+                    raise_ops_error(fault[1], ops, keys, srcs, kernel, group, place)
+                raise fault_error(fault, group, place)
             plans.append(plan)
         return GroupedStep(tuple(plans), keys, self._version)
 
@@ -558,80 +553,6 @@ class GroupedTables:
         return self._slots[index]
 
 
-def _convert(x: object) -> int | None:
-    """A changed id that is not a plain int: an integer converted, anything else ``None``."""
-    return operator.index(x) if is_integer_id(x) else None  # type: ignore[arg-type]
-
-
-def _raise_ops_error(
-    row: int,
-    ops: Any,
-    keys: list[Hashable | None],
-    srcs: list[int],
-    kernel: Any,
-    group: TableGroup,
-    place: Callable[[int], str],
-) -> NoReturn:
-    """The :class:`DeltaMessageError` for row ``row``'s ops, which the kernel rejected: the
-    words of :func:`~blockprep.wire.apply_ops`, the place, group and request."""
-    where = _where(place, row, group, keys[row])
-    src = srcs[row]
-    if ops is None:
-        raise DeltaMessageError(
-            f"a request new to the worker must come with its whole list ({where})"
-        )
-    try:
-        apply_ops(ops, None if src < 0 else kernel.held(src))
-    except DeltaMessageError as error:
-        raise DeltaMessageError(f"{error} ({where})") from None
-    raise AssertionError(f"the kernel rejected ops that apply_ops takes ({where})")
-
-
-def _record_ops(data: bytes, offsets: tuple[Any, ...], row: int) -> list[list[Any]]:
-    """The ops of a row's packed records, up to the first offset that is no record (the kernel
-    rejected a record before it)."""
-    ops = []
-    for offset in offsets:
-        try:
-            ops.append(packed.op_at(data, offset, row))
-        except ValueError:
-            break
-    return ops
-
-
-def _fault_error(
-    fault: tuple[int, int, Any], group: TableGroup, place: Callable[[int], str]
-) -> BlockIdTypeError | BlockIdValueError:
-    """The error for a kernel fault ``(code, row, value)``."""
-    code, row, x = fault
-    name = group.name
-    if code == TYPE:
-        return BlockIdTypeError(
-            f"{place(row)} group {name} holds {x!r} of type {type(x).__name__}; "
-            "block IDs must be integers",
-            row,
-            name,
-            x,
-        )
-    value: int | None = x
-    if code == LENGTH:
-        value = None
-        text = (
-            f"row has {x} blocks, maximum is {group.width}"
-            if x > group.width
-            else f"row has {x} blocks, minimum is {group.shortest}"
-        )
-    elif code == RANGE:
-        text = f"block IDs must be in [0, {group.id_limit})"
-    elif code == REPEAT:
-        text = "a row must not repeat block IDs"
-    else:
-        assert code == PAD_RANGE
-        text = f"padding block IDs must be in [{-INT32_MAX - 1}, {INT32_MAX}]"
-    where = f"{place(row)}, group {name}" + ("" if value is None else f", id {value}")
-    return BlockIdValueError(f"{text} ({where})", row, name, value)
-
-
 def _checked_adopted(
     groups: Sequence[TableGroup], num_rows: int, buffers: object, slot: int
 ) -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
@@ -656,24 +577,6 @@ def _named_buffers(slots: Sequence[_SlotState]) -> list[tuple[str, torch.Tensor]
         for s, slot in enumerate(slots)
         for name, tensor in [*slot.tables.items(), ("counts", slot.counts)]
     ]
-
-
-def _check_change_rows(changes: Mapping[Any, Any], num_rows: int, group: TableGroup) -> None:
-    """``BlockprepTypeError`` / ``BlockprepIndexError`` for the first key of ``changes`` that
-    is not a table row (an int in ``[0, num_rows)``)."""
-    for row in changes:
-        if type(row) is not int:
-            raise BlockprepTypeError(
-                f"changes of group {group.name} must be keyed by table rows (ints), got {row!r}"
-            )
-        if not 0 <= row < num_rows:
-            raise BlockprepIndexError(
-                f"changes of group {group.name} name row {row}, not a table row in [0, {num_rows})"
-            )
-
-
-def _where(place: Callable[[int], str], row: int, group: TableGroup, key: Hashable) -> str:
-    return f"{place(row)}, group {group.name}, request {key!r}"
 
 
 def _as_list(ids: object, row: int, group: TableGroup, place: Callable[[int], str]) -> list[Any]:

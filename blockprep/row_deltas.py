@@ -29,6 +29,7 @@ from blockprep.errors import (
     BlockprepValueError,
     UnknownRowError,
 )
+from blockprep.faults import convert, raise_row
 from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
@@ -38,7 +39,6 @@ from blockprep.ids import (
     has_integer_dtype,
     is_integer_id,
 )
-from blockprep.row_checks import convert, raise_row
 from blockprep.wire import APPEND, SET, TRUNCATE, DeltaCursor, DeltaMessageError, apply_ops
 
 if TYPE_CHECKING:
