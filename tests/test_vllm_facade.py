@@ -21,6 +21,7 @@ from vllm_port import PortTable
 
 from blockprep import INT32_MAX
 from blockprep.adapters.vllm import VllmBlockTable, VllmMultiGroupBlockTable
+from blockprep.errors import StaleRowError
 
 ROWS, WIDTH, BLOCK = 4, 6, 4
 
@@ -219,7 +220,8 @@ def wire(value: Any) -> Any:
 class FacadeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.facade = VllmBlockTable(BLOCK, ROWS, WIDTH, 16, separate=True)
+        # verify mode on: every call also checked against the lists the calls gave
+        self.facade = VllmBlockTable(BLOCK, ROWS, WIDTH, 16, separate=True, verify=True)
         self.port = PortTable(BLOCK, ROWS, WIDTH, 16)
         # Rows committed since their last write: their device copy must hold what they hold.
         # (Inferring this from the port's host and device rows being equal is unsound: vLLM's
@@ -437,3 +439,33 @@ def test_multi_group_follows_vllm_and_checks_every_group_first(data: st.DataObje
                 assert [snapshot(t) for t in table.block_tables] == before
         for facade, port in zip(table.block_tables, ports, strict=True):
             assert_same(facade, port)
+
+
+def test_verify_mode_catches_a_page_the_table_lost() -> None:
+    """A page dropped behind the facade's back (here through the underlying ``BlockTable``,
+    which keeps its held ids consistent, so its own ``verify()`` passes): the facade's verify
+    mode, comparing with the lists the calls gave, names the row and column at the next call."""
+    facade = VllmBlockTable(16, 3, 4, 8, verify=True)
+    facade.add_row([5, 6, 7], 0)
+    facade.append_row([8], 0)
+    facade.apply_step(appended={1: None}, added=iter([(2, np.array([9, 10]))]), moves=[(2, 1)])
+    assert facade.get_numpy_array().tolist() == [[5, 6, 7, 8], [9, 10, 0, 0], [9, 10, 0, 0]]
+    facade.table.truncate(0, 3)  # the lost page
+    facade.table.verify()  # the table agrees with itself
+    with pytest.raises(StaleRowError, match=r"block_table .* row 0, column 3: holds 0, the "):
+        facade.clear_row(2)
+    plain = VllmBlockTable(16, 3, 4, 8)
+    plain.add_row([5, 6, 7], 0)
+    plain.table.truncate(0, 2)
+    plain.clear_row(2)  # without verify mode: unnoticed
+
+
+def test_verify_mode_leaves_a_refused_call_unrecorded() -> None:
+    facade = VllmBlockTable(16, 2, 3, 8, verify=True)
+    facade.add_row([1, 2], 0)
+    with pytest.raises(ValueError, match="maximum is 3"):
+        facade.append_row([3, 4], 0)
+    with pytest.raises(ValueError, match="must not be negative"):
+        facade.apply_step(added={1: [-1]})
+    facade.append_row([3], 0)  # the lists kept [1, 2]: this call checks against [1, 2, 3]
+    assert facade.get_numpy_array().tolist() == [[1, 2, 3], [0, 0, 0]]

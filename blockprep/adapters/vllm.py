@@ -43,6 +43,7 @@ from blockprep.adapters.vllm_steps import (
     unknown_row,
     where,
 )
+from blockprep.adapters.vllm_verify import CallerLists
 from blockprep.block_table import BlockTable
 from blockprep.buffers import DeviceMirror, host_tensor, torch_device
 from blockprep.engine.rules import ROW_WHOLE
@@ -85,6 +86,9 @@ class VllmBlockTable:
             device tensor is the host tensor itself, unless ``separate=True`` asks for a distinct
             copy that :meth:`commit_block_table` refreshes, as vLLM's ``CpuGpuBuffer`` does.
         kernel_block_size: ``None`` or ``block_size`` (hybrid kernel blocks are not supported).
+        verify: after every call that writes rows, the table and ``num_blocks_per_row`` against
+            a rebuild of the block lists the calls gave (:mod:`blockprep.adapters.vllm_verify`;
+            ``StaleRowError`` names the first differing row and column). Slow: for wiring.
 
     Buffers: ``get_cpu_tensor()`` int32 ``[max_num_reqs, max_num_blocks_per_req]`` (persistent,
     address fixed for life), ``get_numpy_array()`` a view of it, ``num_blocks_per_row`` int32
@@ -128,6 +132,7 @@ class VllmBlockTable:
         kernel_block_size: int | None = None,
         *,
         separate: bool = False,
+        verify: bool = False,
     ) -> None:
         self.block_size = _positive(block_size, "block_size")
         _kernel_block_size(self.block_size, kernel_block_size)
@@ -169,6 +174,9 @@ class VllmBlockTable:
             (self.max_num_batched_tokens,), torch.int64, fill=PAD_SLOT_ID, pin_memory=pin_memory
         )
         self.slot_mapping: npt.NDArray[np.int64] = self.slot_mapping_cpu.numpy()
+        self.verify = bool(verify)
+        if self.verify:  # the plain methods pay nothing for the option
+            CallerLists(self).install()
 
     # --- buffers ---------------------------------------------------------------------------------
 

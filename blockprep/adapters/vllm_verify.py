@@ -1,0 +1,155 @@
+"""Verify mode of the vLLM-style facade: ``VllmBlockTable(..., verify=True)``.
+
+After every call that writes rows, the table (host buffer and ``num_blocks_per_row``) is compared
+with :func:`blockprep.reference.block_table_per_row` of the block lists the caller gave, kept here
+from the calls' arguments alone (``add_row`` sets a row's list, ``append_row`` extends it, a move
+copies it, a packed message's records apply to it by :func:`blockprep.wire.apply_ops`): never
+from the table's own held ids, so a page the table dropped or wrote to the wrong row is caught.
+The first difference raises :class:`~blockprep.errors.StaleRowError` naming the row and column
+(:func:`blockprep.verify.check_buffer`). A refused call changes neither the table nor the lists.
+Slow on purpose (a whole rebuild per call): for wiring the facade into an engine, off in
+production. Rows must be written through the facade's methods (see ``VllmBlockTable``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from blockprep import packed, reference
+from blockprep.adapters.vllm_steps import iterable, step_items
+from blockprep.verify import check_buffer, rows_and_columns
+from blockprep.wire import apply_ops
+
+
+def _ints(ids: Any) -> list[int]:
+    """A call's ids (a list, tuple, 1-D array or tensor the call accepted) as plain ints."""
+    values = ids.tolist() if isinstance(ids, (np.ndarray, torch.Tensor)) else ids
+    return [int(x) for x in values]
+
+
+class CallerLists:
+    """Each row's block list as the caller's calls say, and the check of a facade against it.
+
+    ``facade`` is a ``VllmBlockTable`` (``max_num_reqs``, ``max_num_blocks_per_req``,
+    ``get_cpu_tensor``, ``num_blocks_per_row``)."""
+
+    def __init__(self, facade: Any) -> None:
+        self.facade = facade
+        self.lists: list[list[int]] = [[] for _ in range(facade.max_num_reqs)]
+
+    def install(self) -> None:
+        """Replace the facade's writing methods by verified ones (on the instance only)."""
+        facade = self.facade
+        for name in ("append_row", "add_row", "clear_row", "move_row", "swap_row", "clear"):
+            setattr(facade, name, self._verified(getattr(facade, name), getattr(self, name)))
+        facade.apply_step = self.apply_step
+        facade.apply_packed = self.apply_packed
+
+    def _verified(
+        self, call: Callable[..., None], record: Callable[..., None]
+    ) -> Callable[..., None]:
+        def verified(*args: Any, **kwargs: Any) -> None:
+            call(*args, **kwargs)  # refused: raises, nothing recorded
+            record(*args, **kwargs)
+            self.check()
+
+        verified.__doc__ = call.__doc__
+        return verified
+
+    # --- what each call does to the lists -------------------------------------------------------
+
+    def append_row(self, block_ids: Any, row_idx: int) -> None:
+        self.lists[row_idx] += _ints(block_ids)
+
+    def add_row(self, block_ids: Any, row_idx: int) -> None:
+        self.lists[row_idx] = _ints(block_ids)
+
+    def clear_row(self, row_idx: int) -> None:
+        self.lists[row_idx] = []
+
+    def move_row(self, src: int, tgt: int) -> None:
+        self.lists[tgt] = list(self.lists[src])
+
+    def swap_row(self, src: int, tgt: int) -> None:
+        lists = self.lists
+        lists[src], lists[tgt] = lists[tgt], lists[src]
+
+    def clear(self) -> None:
+        self.lists = [[] for _ in self.lists]
+
+    def apply_step(
+        self,
+        *,
+        finished: Iterable[int] = (),
+        appended: Any = (),
+        added: Any = (),
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """The facade's ``apply_step``, its arguments read once (iterators included), then
+        the lists and the check."""
+        finished = list(iterable(finished, "finished", "an iterable of rows"))
+        appended = list(step_items(appended, "appended"))
+        added = list(step_items(added, "added"))
+        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
+        type(self.facade).apply_step(
+            self.facade,
+            finished=finished,
+            appended=appended,
+            added=added,
+            moves=moves,
+            num_reqs=num_reqs,
+        )
+        for row in finished:
+            self.lists[row] = []
+        for row, ids in appended:
+            if ids is not None:
+                self.lists[row] += _ints(ids)
+        for row, ids in added:
+            self.lists[row] = _ints(ids)
+        self._moved(moves)
+        self.check()
+
+    def apply_packed(
+        self,
+        message: object,
+        *,
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """The facade's ``apply_packed``, then the message's records applied to the lists by
+        :func:`blockprep.wire.apply_ops` (a resync: each row named starts whole), the moves,
+        and the check."""
+        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
+        type(self.facade).apply_packed(self.facade, message, moves=moves, num_reqs=num_reqs)
+        rows = packed.unpack(message, list(range(len(self.lists))))["rows"]
+        for row, ops in rows.items():
+            self.lists[row] = apply_ops(ops, self.lists[row])
+        self._moved(moves)
+        self.check()
+
+    def _moved(self, moves: list[tuple[int, int]]) -> None:
+        for src, tgt in moves:
+            self.lists[tgt] = list(self.lists[src])
+
+    # --- the check ------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """The facade's table and counts against the rebuild of the lists: ``StaleRowError``
+        naming the first differing row and column."""
+        facade = self.facade
+        rebuilt = reference.block_table_per_row(
+            self.lists, max_blocks=facade.max_num_blocks_per_req, pad=0
+        )
+        check_buffer("VllmBlockTable", "block_table", facade.get_cpu_tensor(), rebuilt, _place)
+        counts = torch.tensor([len(ids) for ids in self.lists], dtype=torch.int32)
+        got = torch.from_numpy(np.array(facade.num_blocks_per_row))
+        check_buffer("VllmBlockTable", "num_blocks_per_row", got, counts, _place)
+
+
+def _place(index: tuple[int, ...]) -> str:
+    return rows_and_columns(index)
