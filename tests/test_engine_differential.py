@@ -31,7 +31,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from blockprep import grouped
 from blockprep import reference as ref
 from blockprep.engine import twin
-from blockprep.grouped import GroupedTables, _convert
+from blockprep.faults import convert as _convert
+from blockprep.grouped import GroupedTables
 
 compiled = pytest.importorskip("blockprep.engine._kernel")
 

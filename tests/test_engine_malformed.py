@@ -35,7 +35,7 @@ import pytest
 import torch
 
 from blockprep.engine import rules, twin
-from blockprep.grouped import _convert
+from blockprep.faults import convert as _convert
 
 NEW, PADDING = twin.NEW, twin.PADDING
 TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE, OPS = (
