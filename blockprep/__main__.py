@@ -26,8 +26,10 @@ import torch
 import blockprep
 from blockprep.bench.base import Workload
 from blockprep.bench.report import (
+    COLUMN_LEGEND,
     footer,
     header,
+    headline,
     json_text,
     legend,
     load_average,
@@ -287,12 +289,15 @@ def _report(
     args: argparse.Namespace,
     outputs: Mapping[str, _Output],
 ) -> None:
-    found = warnings(results, loads, os.cpu_count() or 1)
+    cpus = os.cpu_count() or 1
+    found = warnings(results, loads, cpus)
     parts = [
         header(args.steps, args.runs, args.seed, threads, interleaved=not args.sequential),
-        table(results),
-        legend(descriptions),
+        headline(results, loads, cpus),
         footer(found),
+        table(results),
+        COLUMN_LEGEND,
+        legend(descriptions),
     ]
     print("\n\n".join(part for part in parts if part))
     if "json" in outputs:

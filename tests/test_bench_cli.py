@@ -63,6 +63,14 @@ def test_bench_writes_table_json_and_plot(tmp_path: Path, capsys: Any) -> None:
     ]
     assert sum(line.startswith("qwen3-14b") for line in lines) == 3
     assert "qwen3-14b: Qwen3-14B decode prepare" in out
+    # What happened comes first: the speed-ups (no headline workload ran: every workload's),
+    # the equality check, then the table and its legend.
+    top = out.splitlines()[2:7]
+    assert top[0] == "blockprep against upstream (median step; higher: faster):"
+    assert [line.split()[0] for line in top[1:3]] == ["qwen3-14b", "paged-8x128-mixed"]
+    assert "x vs pre-fix" in top[1] and "x vs fix" in top[1]
+    assert top[3].startswith("equality check passed: the constructions' buffers equal cell for")
+    assert out.index("equality check passed") < out.index("workload ") < out.index("columns: ")
     document = json.loads(json_path.read_text())
     assert document["options"] == {
         "workloads": ["qwen3-14b", "paged-8x128-mixed"],
@@ -299,7 +307,11 @@ def test_warnings_name_a_noisy_rebuild_disagreeing_runs_and_load() -> None:
         "w blockprep",
         "load average up to 1.70 on 2 CPUs (above 1.5; the bench itself counts about 1)",
     ]
-    assert footer(found).splitlines()[-1].startswith("warning: these figures are unreliable")
+    assert footer(found) == (
+        "warning: these figures may be unreliable (1 noisy upstream rebuild; 2 speed-ups varying "
+        "over runs; load average up to 1.70 on 2 CPUs): rerun on a quiet machine (--runs 3); "
+        "--json lists each sign"
+    )
     assert footer([]) == ""
 
 

@@ -85,6 +85,46 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+HEADLINE = (
+    "deepseek-v4-wire",
+    "deepseek-v4-wire-delta",
+    "deepseek-v4-wire-cold",
+    "qwen3-14b-wire-b16",
+    "qwen3-14b-wire-b256",
+)
+"""The workloads the headline shows (when they ran; otherwise every workload that ran)."""
+
+COLUMN_LEGEND = """\
+columns: median us = the median step, microseconds; p10-p90 us = the 10th-90th percentile of
+every timed step; vs pre-fix, vs fix = upstream's median step before its fix (pre-fix) or with
+its fix (fix) divided by this construction's, within each run (higher: faster; several runs:
+their range in parentheses); rows/step, cells/step = block-table rows and cells written a step
+(- where not counted); floor us = the time to copy every table cell once (the memory floor of a
+full rewrite). constructions: pre-fix and fix = upstream's two ways, blockprep = this library."""
+
+
+def headline(results: Sequence[Result], loads: Sequence[float], cpus: int) -> str:
+    """What happened, first: blockprep's speed-up against upstream's two ways on each headline
+    workload that ran (every workload when none did), that the equality check passed (the
+    report is only made then), and the machine's load."""
+    ours = [r for r in results if r.construction == BLOCKPREP]
+    shown = [r for r in ours if r.workload in HEADLINE] or ours
+    width = max((len(r.workload) for r in shown), default=0)
+    lines = ["blockprep against upstream (median step; higher: faster):"]
+    lines += [
+        f"  {r.workload.ljust(width)}  {r.speedup:,.1f}x vs pre-fix  {r.speedup_fix:,.1f}x vs fix"
+        for r in shown
+    ]
+    workloads = len({r.workload for r in results})
+    lines.append(
+        "equality check passed: the constructions' buffers equal cell for cell on every checked "
+        f"step ({workloads} workload{'s' if workloads != 1 else ''})"
+    )
+    if loads:
+        lines.append(f"load average: up to {max(loads):.2f} on {cpus} CPUs")
+    return "\n".join(lines)
+
+
 def legend(descriptions: Mapping[str, str]) -> str:
     """One line per workload: its name and the conditions it assumes."""
     return "\n".join(f"{name}: {description}" for name, description in descriptions.items())
@@ -129,12 +169,21 @@ def warnings(results: Sequence[Result], loads: Sequence[float], cpus: int) -> li
 
 
 def footer(found: Sequence[str]) -> str:
-    """The warnings as lines for the end of the output, or ``""``."""
+    """The warnings folded into one line with the advice, or ``""`` (each one is in the JSON
+    output's ``conditions.warnings``)."""
     if not found:
         return ""
-    lines = [f"warning: {line}" for line in found]
-    lines.append("warning: these figures are unreliable; rerun on a quiet machine (--runs 3)")
-    return "\n".join(lines)
+    noisy = sum("p90/p10" in line for line in found)
+    varying = sum("over runs" in line for line in found)
+    signs = [
+        f"{noisy} noisy upstream rebuild{'s' if noisy != 1 else ''}" if noisy else "",
+        f"{varying} speed-up{'s' if varying != 1 else ''} varying over runs" if varying else "",
+        *(line.split(" (")[0] for line in found if line.startswith("load average")),
+    ]
+    return (
+        f"warning: these figures may be unreliable ({'; '.join(sign for sign in signs if sign)}): "
+        "rerun on a quiet machine (--runs 3); --json lists each sign"
+    )
 
 
 def machine() -> dict[str, Any]:
