@@ -557,6 +557,34 @@ def test_deepseek_engine_arguments_per_slot() -> None:
         DeepSeekV4RuntimeExecutor(FakeSubmitWorker(), COMPILED, executor.preparer, broken)
 
 
+def test_deepseek_engine_arguments_resolved_at_the_first_dispatch() -> None:
+    """Engine arguments given as a callable: the executor is built and a step prepared early
+    before any weight exists (upstream's shape-only runner); the first dispatch resolves and
+    checks them, once; a resolution that fails leaves the prepared slot prepared."""
+    executor, _, engine, _ = deepseek_setup()
+    layout = executor.preparer.layout
+    calls: list[int] = []
+    broken = [dict(engine[0]), dict(engine[1])]
+    del broken[1]["logits"]
+    answers = iter([broken, engine])
+
+    def resolve() -> list[dict[str, object]]:
+        calls.append(1)
+        return next(answers)
+
+    worker = FakeSubmitWorker()
+    lazy = DeepSeekV4RuntimeExecutor(worker, COMPILED, executor.preparer, resolve)
+    batch = one_per_rank(layout).step()
+    slot = lazy.prepare_early(batch, buffer_slot=0)
+    assert calls == [] and lazy.slot_stage(slot) == "prepared"
+    with pytest.raises(KernelArgumentError, match="missing 1: logits"):
+        lazy.submit_prepared(batch, slot)
+    assert lazy.slot_stage(slot) == "prepared" and calls == [1]
+    lazy.reclaim(lazy.submit_prepared(batch, slot))
+    lazy.reclaim(lazy.submit(one_per_rank(layout).step(), buffer_slot=1))
+    assert calls == [1, 1] and lazy.engine_arguments is not None
+
+
 def test_deepseek_two_lanes_with_early_prepare() -> None:
     """Upstream's worker as it runs DeepSeek: the command lane prepares slot ``step % 2`` early
     (placeholder tokens) while the device lane re-stages the other slot's tokens, dispatches and

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -330,7 +330,9 @@ class DeepSeekV4RuntimeExecutor:
         engine_arguments: per buffer slot, the kernel's 69 other arguments by upstream's names
             (weights and cache pools, usually shared; ``hidden_out``, ``pre_hc_hidden_out``,
             ``logits``, ``sampled_ids``: the slot's own outputs, as upstream's per-slot
-            ``TaskArgs``).
+            ``TaskArgs``); or a callable returning them, called at the first dispatch (an
+            engine whose weights are not loaded yet, as upstream's shape-only runner, can
+            build the executor and prepare early; the values are checked then).
 
     The slot life cycle (every transition under one lock; a call that raises leaves the slot
     as it was)::
@@ -355,7 +357,9 @@ class DeepSeekV4RuntimeExecutor:
         worker: SubmitWorker,
         compiled: object,
         preparer: DeepSeekV4DecodePreparer,
-        engine_arguments: Sequence[Mapping[str, object]],
+        engine_arguments: (
+            Sequence[Mapping[str, object]] | Callable[[], Sequence[Mapping[str, object]]]
+        ),
     ) -> None:
         if not isinstance(preparer, DeepSeekV4DecodePreparer):
             raise BlockprepTypeError(
@@ -365,33 +369,54 @@ class DeepSeekV4RuntimeExecutor:
             raise BlockprepValueError(
                 'l3_decode_fwd embeds input_ids on the device: use embedding="device"'
             )
-        if isinstance(engine_arguments, Mapping) or not isinstance(engine_arguments, Sequence):
-            raise BlockprepTypeError(
-                "engine_arguments must be a sequence of mappings, one per buffer slot, got "
-                f"{type(engine_arguments).__name__}"
-            )
-        if len(engine_arguments) != preparer.buffer_slots:
-            raise BlockprepValueError(
-                f"engine_arguments must hold one mapping per buffer slot "
-                f"({preparer.buffer_slots}), got {len(engine_arguments)}"
-            )
-        for slot, values in enumerate(engine_arguments):
-            _check_mapping(values, f"engine_arguments[{slot}]")
         self.worker = worker
         self.compiled = compiled
         self.preparer = preparer
-        self.engine_arguments = [
-            _engine_arguments(
-                DEEPSEEK_V4_DECODE_KERNEL, DEEPSEEK_V4_DECODE_ARGUMENTS, PREPARED_ARGUMENTS, values
-            )
-            for values in engine_arguments
-        ]
+        self._resolve = engine_arguments if callable(engine_arguments) else None
+        self.engine_arguments: list[dict[str, object]] | None = (
+            None if callable(engine_arguments) else self._checked_engine(engine_arguments)
+        )
         self.specs = deepseek_v4_prepared_arguments(preparer.layout)
         self._lock = threading.Lock()
         self._stage: dict[int, str] = {}  # claimed slots: their stage
         self._dispatch_of: dict[int, int] = {}  # in-flight slots: their dispatch id
         self._steps = 0
         forks.register(self)
+
+    def _checked_engine(self, engine_arguments: object) -> list[dict[str, object]]:
+        """One checked mapping of the engine's arguments per buffer slot."""
+        if isinstance(engine_arguments, Mapping) or not isinstance(engine_arguments, Sequence):
+            raise BlockprepTypeError(
+                "engine_arguments must be a sequence of mappings, one per buffer slot, got "
+                f"{type(engine_arguments).__name__}"
+            )
+        slots = self.preparer.buffer_slots
+        if len(engine_arguments) != slots:
+            raise BlockprepValueError(
+                f"engine_arguments must hold one mapping per buffer slot ({slots}), got "
+                f"{len(engine_arguments)}"
+            )
+        for slot, values in enumerate(engine_arguments):
+            _check_mapping(values, f"engine_arguments[{slot}]")
+        return [
+            _engine_arguments(
+                DEEPSEEK_V4_DECODE_KERNEL, DEEPSEEK_V4_DECODE_ARGUMENTS, PREPARED_ARGUMENTS, values
+            )
+            for values in engine_arguments
+        ]
+
+    def _engine(self, slot: int) -> dict[str, object]:
+        """Slot ``slot``'s engine arguments, resolved and checked at the first dispatch when
+        they were given as a callable."""
+        engine = self.engine_arguments
+        if engine is None:
+            assert self._resolve is not None
+            engine = self._checked_engine(self._resolve())
+            with self._lock:
+                if self.engine_arguments is None:
+                    self.engine_arguments = engine
+                engine = self.engine_arguments
+        return engine[slot]
 
     def _after_fork(self) -> None:
         """In a forked child (:mod:`blockprep.forks`): a new lock, and a slot some thread was
@@ -549,10 +574,7 @@ class DeepSeekV4RuntimeExecutor:
         check_prepared_arguments(DEEPSEEK_V4_DECODE_KERNEL, self.specs, prepared)
         slot = inputs.buffer_slot
         args = build_arguments(
-            DEEPSEEK_V4_DECODE_KERNEL,
-            DEEPSEEK_V4_DECODE_ARGUMENTS,
-            prepared,
-            self.engine_arguments[slot],
+            DEEPSEEK_V4_DECODE_KERNEL, DEEPSEEK_V4_DECODE_ARGUMENTS, prepared, self._engine(slot)
         )
         greedy = bool(getattr(batch, "allow_device_greedy_sampling", False))
         handle = self.worker.submit(self.compiled, *args)
