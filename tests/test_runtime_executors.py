@@ -585,6 +585,29 @@ def test_deepseek_engine_arguments_resolved_at_the_first_dispatch() -> None:
     assert calls == [1, 1] and lazy.engine_arguments is not None
 
 
+def test_deepseek_prepared_inputs_give_upstreams_prepare_decode_its_record() -> None:
+    """``prepare_early`` returns the slot; ``prepared_inputs(slot)`` the record upstream's
+    ``prepare_decode`` returns (the slot's views and the assignment), while the slot is
+    prepared; after the dispatch or a cancel there is none."""
+    executor, _, _, _ = deepseek_setup()
+    scheduler = one_per_rank(executor.preparer.layout)
+    batch = scheduler.step()
+    with pytest.raises(RuntimeError, match="holds no step prepared by prepare_early: it is free"):
+        executor.prepared_inputs(0)
+    slot = executor.prepare_early(batch, buffer_slot=1)
+    record = executor.prepared_inputs(slot)
+    assert record.buffer_slot == 1 and record.request_ids == tuple(batch.request_ids)
+    assert record.input_ids.data_ptr() == executor.preparer.slot_buffers(1)["input_ids"].data_ptr()
+    executor.cancel(slot)
+    with pytest.raises(RuntimeError, match="it is free"):
+        executor.prepared_inputs(slot)
+    slot = executor.prepare_early(batch, buffer_slot=1)
+    pending = executor.submit_prepared(batch, slot)
+    with pytest.raises(RuntimeError, match="it is in flight"):
+        executor.prepared_inputs(slot)
+    executor.reclaim(pending)
+
+
 def test_deepseek_two_lanes_with_early_prepare() -> None:
     """Upstream's worker as it runs DeepSeek: the command lane prepares slot ``step % 2`` early
     (placeholder tokens) while the device lane re-stages the other slot's tokens, dispatches and

@@ -380,6 +380,7 @@ class DeepSeekV4RuntimeExecutor:
         self._lock = threading.Lock()
         self._stage: dict[int, str] = {}  # claimed slots: their stage
         self._dispatch_of: dict[int, int] = {}  # in-flight slots: their dispatch id
+        self._early: dict[int, DeepSeekV4DecodeInputs] = {}  # prepare_early's record, by slot
         self._steps = 0
         forks.register(self)
 
@@ -474,12 +475,30 @@ class DeepSeekV4RuntimeExecutor:
         """
         slot = self._claim(buffer_slot)
         try:
-            self.preparer.prepare(batch, buffer_slot=slot, early=True)
+            self._early[slot] = self.preparer.prepare(batch, buffer_slot=slot, early=True)
         except BaseException:
             self._release(slot)
             raise
         self._move(slot, PREPARING, PREPARED)
         return slot
+
+    def prepared_inputs(self, buffer_slot: int) -> DeepSeekV4DecodeInputs:
+        """The record of the step :meth:`prepare_early` prepared in ``buffer_slot`` (views of
+        the slot's buffers, the assignment: what upstream's ``prepare_decode`` returns, as its
+        own record), while the slot is ``"prepared"``.
+
+        Raises:
+            RuntimeError: the slot is not ``"prepared"`` (free, dispatched, or being prepared).
+        """
+        slot = self._slot(buffer_slot)
+        with self._lock:
+            stage = self._stage.get(slot)
+            if stage != PREPARED:
+                raise BlockprepRuntimeError(
+                    f"buffer slot {slot} holds no step prepared by prepare_early: it is "
+                    f"{stage or 'free'}"
+                )
+            return self._early[slot]
 
     def submit_prepared(self, batch: DecodeBatch, buffer_slot: int) -> DeepSeekV4PendingDecode:
         """Upstream's device lane: re-stage ``batch``'s tokens, positions and KV lengths into
