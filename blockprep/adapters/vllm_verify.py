@@ -145,11 +145,8 @@ class CallerLists:
         rebuilt = reference.block_table_per_row(
             self.lists, max_blocks=facade.max_num_blocks_per_req, pad=0
         )
-        check_buffer("VllmBlockTable", "block_table", facade.get_cpu_tensor(), rebuilt, _place)
+        table = facade.get_cpu_tensor()
+        check_buffer("VllmBlockTable", "block_table", table, rebuilt, rows_and_columns)
         counts = torch.tensor([len(ids) for ids in self.lists], dtype=torch.int32)
         got = torch.from_numpy(np.array(facade.num_blocks_per_row))
-        check_buffer("VllmBlockTable", "num_blocks_per_row", got, counts, _place)
-
-
-def _place(index: tuple[int, ...]) -> str:
-    return rows_and_columns(index)
+        check_buffer("VllmBlockTable", "num_blocks_per_row", got, counts, rows_and_columns)

@@ -113,7 +113,8 @@ def decode_rows(
 ) -> DecodeColumns:
     """The standard step: ``token_ids[i]`` at ``seq_len - 1``, over ``decode_seq`` (``seq``:
     :func:`checked_seq_lens`' ``A`` lengths)."""
-    shortest, longest = int(seq[seq.argmin()]), int(seq[seq.argmax()])  # 1/3 of two reduces
+    # argmin/argmax: a third of the instructions of two ufunc reductions on a small array
+    shortest, longest = int(seq[seq.argmin()]), int(seq[seq.argmax()])
     if shortest < 1:
         raise BlockprepValueError("decode seq_lens must be positive")
     tokens = token_column(batch.token_ids, A, "token_ids")
