@@ -640,3 +640,44 @@ def test_plan_mappings_reads_any_rows_keys(monkeypatch: pytest.MonkeyPatch, kern
                 with pytest.raises((TypeError, KeyError)) as caught:
                     by_rows[0].plan_mappings(rows, keys)
                 assert (caught.type, str(caught.value)) == (direct.type, str(direct.value))
+
+
+APPENDS: list[Any] = [
+    [7],
+    [7, 8, 9, 10, 11],  # more than four positions: a span (paged)
+    [],
+    [1],  # held already: a repeat for a distinct kernel
+    [7, 7],  # repeated among the appended
+    [40],  # at the limit
+    [-1],
+    [True],
+    [7.0],
+    [np.int64(7)],
+    [2**70],
+    list(range(20, 32)),  # past the width
+]
+
+
+@pytest.mark.parametrize("ids", APPENDS, ids=repr)
+@pytest.mark.parametrize("distinct", [False, True])
+@pytest.mark.parametrize("ring", [False, True])
+def test_one_append_on_a_row_that_stays_agrees(ring: bool, distinct: bool, ids: Any) -> None:
+    """``[["a", ids]]`` on a row that stays (which the compiled kernel decides in one pass over
+    the held row) against the twin's general path: the same fault or plan, and after a commit
+    the same held ids, counts and table, equal to a rebuild."""
+    width, rows = 12, 4
+    outs = []
+    for kernel in (compiled.GroupKernel, twin.GroupKernel):
+        k = kernel(ring, width, 40, 1 if ring else 0, -1, rows, 1, distinct=distinct)
+        table, counts = np.full((rows, width), 5, np.int32), np.zeros((rows, 1), np.int32)
+        first, _ = k.stage(None, [[1, 2, 3], [4], [6], [8, 9]], list(range(rows)), _convert)
+        k.commit(first, 0, table, counts, 0, False)
+        stay = list(range(rows))
+        plan, fault = k.stage([0, 3], [[["a", list(ids)]], None], stay, _convert, ops=True)
+        done = None if plan is None else k.commit(plan, 0, table, counts, 0, True)
+        outs.append((fault, done, [k.held(r) for r in range(rows)], table.copy(), counts.copy()))
+    (fault_c, done_c, held_c, table_c, counts_c), (fault_py, done_py, held_py, table_py, _) = outs
+    assert same_fault(fault_c, fault_py) and done_c == done_py and held_c == held_py
+    np.testing.assert_array_equal(table_c, table_py)
+    np.testing.assert_array_equal(table_c, rebuild(ring, width, -1, held_c))
+    assert counts_c[:, 0].tolist() == [len(h or []) for h in held_c]

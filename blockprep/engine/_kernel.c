@@ -129,6 +129,7 @@ static void unbind(GroupKernel *self)
 static void kernel_dealloc(GroupKernel *self)
 {
     unbind(self);
+    bk_scratch_free(&self->scratch);
     PyMem_Free(self->held);
     PyMem_Free(self->lens);
     PyMem_Free(self->checked);

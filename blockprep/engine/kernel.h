@@ -25,6 +25,19 @@ enum { CLEAN = 0, POSITIONS = 1, SPAN = 2, WHOLE = 3 };
 #define BK_WORDS(rows) (((rows) + 63) / 64) /* uint64 words of a per-slot row bitmap */
 #define BIG LLONG_MIN /* stands for an int beyond int64: out of every range */
 
+/* The scratch of a stage call: the plan's records and one row's work arrays, kept by the kernel
+ * between calls (no allocation a call once they have grown). */
+typedef struct {
+    int32_t *out; /* the plan's records */
+    Py_ssize_t used, cap;
+    long long *vals;  /* one row's ids */
+    PyObject **objs;  /* a row built from ops: its id objects (owned), NULL for a held id */
+    Py_ssize_t nobjs; /* objs[0..nobjs) hold references */
+    Py_ssize_t *chg;  /* its changed positions */
+    uint64_t *keys;   /* (value, position) pairs for the repeat check */
+    Py_ssize_t row_cap;
+} Scratch;
+
 typedef struct {
     PyObject_HEAD
     int ring;
@@ -41,6 +54,7 @@ typedef struct {
     uint32_t *stamps;    /* [limit] generation stamps for the repeat check (NULL: limit too big) */
     uint32_t generation;
     int busy; /* inside stage: a callback calling back in is refused */
+    Scratch scratch; /* stage's, while busy */
     /* apply_row's slot-0 table and counts (bind): held views, released on dealloc or re-init;
      * bound_table.obj NULL when none */
     Py_buffer bound_table, bound_counts;
@@ -168,6 +182,7 @@ void bk_unmark_row(GroupKernel *self, Py_ssize_t r);
 long long bk_render_row(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_ssize_t r);
 PyObject *bk_apply_row(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs); /* apply_row.c */
 PyObject *bk_apply_step(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs);
+void bk_scratch_free(Scratch *s); /* stage.c */
 PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs,
                    PyObject *kwnames);
 PyObject *bk_index_records(PyObject *module, PyObject *args); /* records.c */

@@ -298,6 +298,74 @@ static int one_set_of(PyObject *item, const unsigned char *data, Py_ssize_t word
     return 1;
 }
 
+/* ---- one append to a row that stays ---------------------------------------------------------- */
+
+/* The ids list of item when it is exactly [["a", ids]] of an exact list; else NULL. */
+static PyObject *one_append_of(PyObject *item)
+{
+    if (!PyList_CheckExact(item) || PyList_GET_SIZE(item) != 1)
+        return NULL;
+    PyObject *op = PyList_GET_ITEM(item, 0);
+    if (!PyList_CheckExact(op) || PyList_GET_SIZE(op) != 2)
+        return NULL;
+    PyObject *tag = PyList_GET_ITEM(op, 0), *ids = PyList_GET_ITEM(op, 1);
+    if (!PyUnicode_CheckExact(tag) || (tag != TAGS[OP_A] && PyUnicode_Compare(tag, TAGS[OP_A])))
+        return NULL;
+    return PyList_CheckExact(ids) ? ids : NULL;
+}
+
+/* What the general path decides for ids appended to row r (which stays and holds its ids), when
+ * it takes them without a fault: no record (nothing appended) or one record marking the new
+ * positions. Reads the held row once and runs no Python code. Returns 0 (decided), 1 (not this
+ * case, or a fault: the general path decides and words it), -1 with an exception. */
+static int stage_append(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *ids)
+{
+    const Py_ssize_t m = self->lens[r], k = PyList_GET_SIZE(ids), n = m + k;
+    if (m < 0 || n > self->width || n < self->shortest)
+        return 1;
+    if (k == 0)
+        return 0; /* it holds exactly what it held */
+    const int32_t *held = self->held + r * self->stride;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *o = PyList_GET_ITEM(ids, i);
+        long long x = PyLong_CheckExact(o) ? exact_value(o) : BIG;
+        if (x == BIG || x < 0 || x >= self->limit)
+            return 1; /* a TYPE or RANGE fault */
+        if (self->distinct) {
+            if (!self->checked[r])
+                return 1; /* the full repeat check */
+            for (Py_ssize_t q = 0; q < m; q++)
+                if (held[q] == x)
+                    return 1; /* a REPEAT fault */
+            for (Py_ssize_t j = 0; j < i; j++)
+                if (exact_value(PyList_GET_ITEM(ids, j)) == x)
+                    return 1;
+        }
+    }
+    int32_t change[MARK] = {WHOLE, 0, 0, 0, 0, 0};
+    if (!self->ring) { /* a ring row's length changes: whole */
+        Py_ssize_t differ = 0;
+        int32_t lo = -1, hi = -1;
+        for (Py_ssize_t p = m; p < n; p++)
+            bk_note_differ((int32_t)p, &differ, change, &lo, &hi);
+        bk_close_mark(self, differ, lo, hi, change);
+    }
+    if (bk_grow_held(self, n) < 0) /* changes no value */
+        return -1;
+    held = self->held + r * self->stride;
+    int32_t *rec = bk_scratch_record(s, n);
+    if (!rec)
+        return -1;
+    rec[0] = (int32_t)r;
+    rec[1] = (int32_t)n;
+    rec[2] = change[0] | (self->distinct ? CHECKED : 0);
+    memcpy(rec + 3, change + 1, sizeof(int32_t) * (MARK - 1)); /* count, p0..p3 */
+    memcpy(rec + HEADER, held, sizeof(int32_t) * (size_t)m);
+    for (Py_ssize_t i = 0; i < k; i++)
+        rec[HEADER + m + i] = (int32_t)exact_value(PyList_GET_ITEM(ids, i));
+    return 0;
+}
+
 /* One visited row of a stage of ops items (see bk_stage_item in stage.h). */
 int bk_stage_item(GroupKernel *self, Scratch *s, Py_ssize_t r, long long src, PyObject *item,
                   const unsigned char *data, Py_ssize_t words, PyObject *convert,
@@ -315,6 +383,9 @@ int bk_stage_item(GroupKernel *self, Scratch *s, Py_ssize_t r, long long src, Py
     if (src == r && one_set_of(item, data, words, &one_p, &one_x) &&
         (status = stage_one_set(self, s, r, one_p, one_x)) <= 0)
         return status; /* decided: the steady step (0), or an exception (-1) */
+    PyObject *appended = src == r && !data ? one_append_of(item) : NULL;
+    if (appended && (status = stage_append(self, s, r, appended)) <= 0)
+        return status; /* decided: ids appended (0), or an exception (-1) */
     /* The cells start as the ids the request held (none for a new request). */
     Py_ssize_t n = -1;
     bk_scratch_drop(s, 0);

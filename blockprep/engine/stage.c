@@ -6,6 +6,8 @@
  */
 #include "stage.h"
 
+#define SCRATCH_KEPT (1 << 16) /* record words a kernel keeps between calls */
+
 /* ---- the scratch of one stage call -------------------------------------------------------------- */
 
 void bk_scratch_drop(Scratch *s, Py_ssize_t from)
@@ -598,7 +600,8 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
         return NULL;
     }
     self->busy = 1;
-    Scratch s = {0};
+    Scratch *s = &self->scratch;
+    s->used = 0;
     PyObject *fault_value = NULL, *result = NULL;
     /* A first step (row 0 holds nothing yet): room for a record of each row that holds nothing
      * (growing by doubling copied a cold DeepSeek step's records 3-4 times). A hint, the records
@@ -610,7 +613,7 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
         if (self->lens[i] < 0 && PyList_CheckExact(lst) && PyList_GET_SIZE(lst) <= self->width)
             hint += HEADER + PyList_GET_SIZE(lst); /* a longer row is a fault, never staged */
     }
-    if (bk_scratch_reserve(&s, hint) < 0)
+    if (bk_scratch_reserve(s, hint) < 0)
         goto done;
     for (Py_ssize_t i = 0; i < visits; i++) {
         long long r = i, src;
@@ -631,9 +634,9 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
         if (bk_read_src(self, srcs, r, &src) < 0)
             goto done;
         Py_INCREF(item);
-        int status = ops ? bk_stage_item(self, &s, (Py_ssize_t)r, src, item, data, words, convert,
+        int status = ops ? bk_stage_item(self, s, (Py_ssize_t)r, src, item, data, words, convert,
                                          &fault_value)
-                         : bk_stage_row(self, &s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
+                         : bk_stage_row(self, s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
                                         convert, &fault_value);
         Py_DECREF(item);
         if (status < 0)
@@ -643,10 +646,15 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
             goto done;
         }
     }
-    result = bk_finished_plan(&s);
+    result = bk_finished_plan(s);
 done:
     self->busy = 0;
-    bk_scratch_free(&s);
+    bk_scratch_drop(s, 0);
+    if (s->cap > SCRATCH_KEPT) { /* a big step's records: not kept */
+        PyMem_Free(s->out);
+        s->out = NULL;
+        s->cap = 0;
+    }
     Py_DECREF(items);
     return result;
 }
