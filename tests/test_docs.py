@@ -3,6 +3,7 @@ namespace, in order), so the examples cannot rot."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -78,3 +79,19 @@ def test_readme_says_how_to_install_the_cpu_wheel_first() -> None:
     assert first < text.index("--index-url https://download.pytorch.org/whl/cpu")
     ci = CI.read_text()
     assert "pip install torch==2.13.0" in ci
+
+
+def test_section_10_holds_the_swap_classes_the_upstream_harness_applies() -> None:
+    """``bench/upstream_suite`` (repository-only) takes each route's swap classes from the code
+    blocks of docs/integration.md section 10: every route swaps both upstream runners."""
+    swap = pytest.importorskip("bench.upstream_suite.swap")
+    for route, sections in swap.SECTIONS.items():
+        found = set()
+        for section in sections:
+            for source in swap.blocks(section):
+                found |= {
+                    node.name
+                    for node in ast.parse(source).body
+                    if isinstance(node, ast.ClassDef) and node.name in swap.RUNNERS
+                }
+        assert found == set(swap.RUNNERS), route

@@ -161,8 +161,9 @@ def test_cancel_releases_a_prepared_slot_the_engine_drops() -> None:
         assert torch.equal(tensor, expected_of(executor, batch)[name]), name
     refused(lambda: executor.cancel(slot), "it is in flight")
     reclaim_and_check(executor, pending)
-    with pytest.raises(IndexError, match="buffer_slot 5 is out of range for 2 slots"):
-        executor.cancel(5)
+    for call in (executor.cancel, executor.slot_stage, executor.prepared_inputs):
+        with pytest.raises(ValueError, match=r"^decode buffer_slot must be 0 or 1, got 5$"):
+            call(5)  # the preparer's (upstream's) words, as prepare_early's
 
 
 # --- the executors' arguments --------------------------------------------------------------------

@@ -39,6 +39,7 @@ from blockprep.adapters.deepseek.abi import (
     deepseek_v4_argument_values,
     deepseek_v4_prepared_arguments,
 )
+from blockprep.adapters.deepseek.lifecycle import slot_number
 from blockprep.adapters.deepseek.preparer import DeepSeekV4DecodeInputs, DeepSeekV4DecodePreparer
 from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
 from blockprep.adapters.qwen import QwenDecodePreparer
@@ -51,7 +52,6 @@ from blockprep.adapters.qwen_abi import (
 )
 from blockprep.batch import DecodeBatch, DecodeResult
 from blockprep.errors import (
-    BlockprepIndexError,
     BlockprepRuntimeError,
     BlockprepTypeError,
     BlockprepValueError,
@@ -453,8 +453,8 @@ class DeepSeekV4RuntimeExecutor:
             RuntimeError: the slot is not free (nothing written).
             PreparedArgumentError: a prepared buffer the runtime cannot read (not dispatched;
                 the slot free again).
-            ValueError, TypeError, IndexError: the preparer's, or a slot out of range (nothing
-                written, the slot free again).
+            ValueError, TypeError, IndexError: the preparer's, a slot out of range included
+                (``ValueError``, the preparer's words; nothing written, the slot free again).
         """
         slot = self._claim(buffer_slot)
         try:
@@ -548,13 +548,9 @@ class DeepSeekV4RuntimeExecutor:
         log.slot_released(slot, "DeepSeekV4RuntimeExecutor")
 
     def _slot(self, buffer_slot: object) -> int:
-        """``buffer_slot`` as a slot number of the preparer (``IndexError`` outside)."""
-        slot = as_int(buffer_slot, "buffer_slot")
-        if not 0 <= slot < self.preparer.buffer_slots:
-            raise BlockprepIndexError(
-                f"buffer_slot {slot} is out of range for {self.preparer.buffer_slots} slots"
-            )
-        return slot
+        """``buffer_slot`` as a slot number of the preparer, checked in the preparer's (and
+        upstream's) words: ``ValueError`` "decode buffer_slot must be 0 or 1, got 5"."""
+        return slot_number(buffer_slot, self.preparer.buffer_slots)
 
     def _claim(self, buffer_slot: int | None) -> int:
         """Take a free slot (``None``: the steps so far modulo the slot count)."""

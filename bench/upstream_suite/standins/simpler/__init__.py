@@ -1,0 +1,1 @@
+"""Stand-in for simpler (the L3 worker runtime under PyPTO)."""
