@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from blockprep import packed, reference
-from blockprep.adapters.vllm_steps import iterable, step_items
+from blockprep.adapters.vllm.steps import iterable, step_items
 from blockprep.verify import check_buffer, rows_and_columns
 from blockprep.wire import apply_ops
 
