@@ -574,7 +574,7 @@ def test_paged_scheduler_with_a_recorder(seed):
 
 def test_payload_is_little_endian_on_any_host(monkeypatch):
     def made(swap: bool) -> bytes:
-        monkeypatch.setattr(events, "_SWAP", swap)
+        monkeypatch.setattr(events.common, "_SWAP", swap)
         recorder = BlockEventRecorder()
         recorder.start("a", [1, 2**31 - 1])
         return recorder.message(["a"])["data"]

@@ -1,42 +1,23 @@
-"""Scheduler side of the packed wire: block events recorded as a KV manager acts, or full lists
-diffed, each step's change packed as :mod:`blockprep.packed` int32 records.
-
-Two ways in:
-
-- :class:`BlockEventRecorder`: the scheduler's KV manager tells it what it did (a request
-  started with these lists, a page appended, ring slots set, a row truncated, a request
-  finished); :meth:`BlockEventRecorder.message` packs the step's events for the batch. Each
-  event is checked where it happens (a scheduler bug is caught at its source), costs one
-  dictionary lookup, an update of the recorder's mirror of the request's ids and one record
-  appended to an ``array.array``.
-- :class:`PackedDeltaEncoder`: for a scheduler that only has full lists; it compares them with
-  what it last sent (``list == list``, C speed) and packs the difference, with
-  :class:`blockprep.wire.BlockDeltaEncoder`'s arguments, checks and choice of operations.
-
-Both keep the wire's rules (the worker applies a message as the :mod:`blockprep.wire` ops
-:func:`blockprep.packed.unpack` gives): a request of the batch that was not in the previous
-message's batch (every request of the first message, and of the message after a resync) is
-sent whole, one whole record per group; a request in both gets its change as records; one
-without change gets nothing. ``seq`` counts messages from 0; ``base`` is the previous
-message's ``seq``, ``None`` at first and after a resync.
-
-Resync: a worker that refused a message (a lost or corrupted one, a rejected step) sends back
-:func:`blockprep.wire.resync_request` (``{"resync": True, "applied": seq or None}``); the
-scheduler passes it to ``resync``, and the next message carries every request of its batch
-whole (a duplicate request costs one more whole message, nothing else).
-"""
+"""BlockEventRecorder: the scheduler's KV manager tells it what it did; each step's events packed
+as :mod:`blockprep.packed` records (see :mod:`blockprep.events`)."""
 
 from __future__ import annotations
 
 import operator
-import sys
 from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, cast
 
-from blockprep import backend
 from blockprep.engine import differing_rows
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
+from blockprep.events.common import (
+    ID_LIMIT,
+    bad_id,
+    check_resync,
+    checked_groups,
+    payload,
+    place,
+)
 from blockprep.packed import (
     APPEND_RECORD,
     SET_RECORD,
@@ -44,59 +25,8 @@ from blockprep.packed import (
     WHOLE_RECORD,
     message,
 )
-from blockprep.wire import (
-    APPEND,
-    SET,
-    TRUNCATE,
-    WHOLE,
-    _id_copy,
-    _plain,
-    check_batch,
-    diff_ops,
-    is_resync_request,
-)
 
 _HANDLE = operator.attrgetter("handle")
-
-_KINDS = {WHOLE: WHOLE_RECORD, APPEND: APPEND_RECORD, SET: SET_RECORD, TRUNCATE: TRUNCATE_RECORD}
-"""Wire operation tag -> packed record kind."""
-
-ID_LIMIT = 2**31
-"""Block ids are ints in ``[0, ID_LIMIT)`` (they travel as int32)."""
-
-_SWAP = sys.byteorder == "big"
-assert array("i").itemsize == 4, "blockprep.events needs a 4-byte C int"
-
-
-def _payload(words: array[int]) -> bytes:
-    """``words`` as the message's little-endian payload."""
-    if _SWAP:
-        words = array("i", words)
-        words.byteswap()
-    return words.tobytes()
-
-
-def _checked_groups(groups: Sequence[str] | None) -> tuple[str, ...] | None:
-    if groups is None:
-        return None
-    if isinstance(groups, str) or not isinstance(groups, Sequence):
-        raise BlockprepTypeError(
-            f"groups must be a sequence of group names or None, got {type(groups).__name__}"
-        )
-    names = tuple(groups)
-    if not names or not all(type(g) is str for g in names) or len(set(names)) != len(names):
-        raise BlockprepValueError(f"groups must be distinct group names, got {list(names)}")
-    return names
-
-
-def _place(request: object, group: str | None) -> str:
-    return f"request {request!r}" + ("" if group is None else f", group {group!r}")
-
-
-def _bad_id(x: object, where: str, what: str = "block id") -> Exception:
-    if type(x) is not int:
-        return BlockprepTypeError(f"{where}: {what} {x!r} of type {type(x).__name__} is not an int")
-    return BlockprepValueError(f"{where}: {what} {x} is not in [0, {ID_LIMIT})")
 
 
 def _ids_of(ids: object, where: str) -> list[int]:
@@ -106,16 +36,8 @@ def _ids_of(ids: object, where: str) -> list[int]:
             f"{where}: block ids must be a list or tuple of ints, got {type(ids).__name__}"
         )
     if ids and not (all(type(x) is int for x in ids) and min(ids) >= 0 and max(ids) < ID_LIMIT):
-        raise next(_bad_id(x, where) for x in ids if type(x) is not int or not 0 <= x < ID_LIMIT)
+        raise next(bad_id(x, where) for x in ids if type(x) is not int or not 0 <= x < ID_LIMIT)
     return list(ids)
-
-
-def _check_resync(request: object) -> None:
-    if request is not None and not is_resync_request(request):
-        raise BlockprepValueError(
-            f"resync expects the worker's resync request (blockprep.wire.resync_request: "
-            f"{{'resync': True, 'applied': int or None}}) or None, got {request!r}"
-        )
 
 
 class _Live:
@@ -162,7 +84,7 @@ class BlockEventRecorder:
     """
 
     def __init__(self, groups: Sequence[str] | None = None) -> None:
-        self._groups = _checked_groups(groups)
+        self._groups = checked_groups(groups)
         names = self._groups
         self._index: dict[str | None, int] = (
             {None: 0} if names is None else {g: i for i, g in enumerate(names)}
@@ -195,7 +117,7 @@ class BlockEventRecorder:
             raise BlockprepValueError(f"start of request {request!r}, which is live: finish it")
         names = self._groups
         if names is None:
-            lists = [_ids_of(ids, _place(request, None))]
+            lists = [_ids_of(ids, place(request, None))]
         else:
             if not isinstance(ids, Mapping):
                 raise BlockprepTypeError(
@@ -207,7 +129,7 @@ class BlockEventRecorder:
                     f"start of request {request!r} with groups {sorted(map(str, ids))}; this "
                     f"recorder's groups are {sorted(names)} (every group, each once)"
                 )
-            lists = [_ids_of(ids[g], _place(request, g)) for g in names]
+            lists = [_ids_of(ids[g], place(request, g)) for g in names]
         if self._free:
             handle = self._free.pop()
         else:
@@ -226,13 +148,13 @@ class BlockEventRecorder:
         row = live.lists[g]
         if type(ids) is int:
             if not 0 <= ids < ID_LIMIT:
-                raise _bad_id(ids, _place(request, group))
+                raise bad_id(ids, place(request, group))
             row.append(ids)
             if not live.fresh:
                 self._heads.append(len(self._words))
                 self._words.extend((APPEND_RECORD, g, live.handle, 1, ids))
             return
-        values = _ids_of(ids, _place(request, group))
+        values = _ids_of(ids, place(request, group))
         if not values:
             return
         row.extend(values)
@@ -260,16 +182,16 @@ class BlockEventRecorder:
         if type(positions) is int and type(ids) is int:
             if not 0 <= positions < n:
                 raise BlockprepValueError(
-                    f"{_place(request, group)}: position {positions} is not in [0, {n})"
+                    f"{place(request, group)}: position {positions} is not in [0, {n})"
                 )
             if not 0 <= ids < ID_LIMIT:
-                raise _bad_id(ids, f"{_place(request, group)}, position {positions}")
+                raise bad_id(ids, f"{place(request, group)}, position {positions}")
             row[positions] = ids
             if not live.fresh:
                 self._heads.append(len(self._words))
                 self._words.extend((SET_RECORD, g, live.handle, 1, positions, ids))
             return
-        where = _place(request, group)
+        where = place(request, group)
         if type(positions) not in (list, tuple) or type(ids) not in (list, tuple):
             raise BlockprepTypeError(
                 f"{where}: set takes a position and an id, or lists of them, got "
@@ -282,7 +204,7 @@ class BlockEventRecorder:
             if type(p) is not int or not 0 <= p < n:
                 raise BlockprepValueError(f"{where}: position {p!r} is not an int in [0, {n})")
             if type(x) is not int or not 0 <= x < ID_LIMIT:
-                raise _bad_id(x, f"{where}, position {p}")
+                raise bad_id(x, f"{where}, position {p}")
         if len(positions) > 1 and len(set(positions)) != len(positions):
             raise BlockprepValueError(f"{where}: positions {list(positions)} repeat")
         if not positions:
@@ -302,7 +224,7 @@ class BlockEventRecorder:
         row = live.lists[g]
         if type(length) is not int or not 0 <= length <= len(row):
             raise BlockprepValueError(
-                f"{_place(request, group)}: truncate length {length!r} is not an int in "
+                f"{place(request, group)}: truncate length {length!r} is not an int in "
                 f"[0, {len(row)}]"
             )
         if length == len(row):
@@ -377,7 +299,7 @@ class BlockEventRecorder:
             self._last_ids = list(request_ids)
             self._rows = every
             self._row_handles = handles
-        result = message(self._next, self._base, count, _payload(out))
+        result = message(self._next, self._base, count, payload(out))
         self._base = self._next
         self._next += 1
         self._words = []
@@ -490,170 +412,5 @@ class BlockEventRecorder:
         Raises:
             ValueError: ``request`` not a resync request.
         """
-        _check_resync(request)
+        check_resync(request)
         self._base = None
-
-
-class PackedDeltaEncoder:
-    """The differ: :class:`blockprep.wire.BlockDeltaEncoder`'s ``encode`` producing packed
-    messages.
-
-    ``groups``: ``None`` for flat lists (every request one list), else the group names in the
-    worker's order (every request a ``{group: ids}`` with exactly these). Each list is compared
-    with the copy last sent (``==``); a changed one becomes the same operation
-    ``BlockDeltaEncoder`` would choose (append, set, truncate, truncate + append, or whole).
-    The caller may mutate its lists afterwards (the encoder keeps copies).
-    """
-
-    def __init__(self, groups: Sequence[str] | None = None) -> None:
-        self._groups = _checked_groups(groups)
-        names = self._groups or ()
-        self._keys = set(names)
-        self._index = {g: i for i, g in enumerate(names)}
-        self._types = [list] * len(names)
-        self._held: dict[Hashable, Any] = {}  # flat: a list; grouped: {group: list}
-        self._next = 0
-        self._base: int | None = None
-
-    def reset(self) -> None:
-        """Forget what the worker holds: the next message carries every request whole."""
-        self._base = None
-        self._held = {}
-
-    def resync(self, request: Mapping[str, Any] | None = None) -> None:
-        """:meth:`reset`, on the worker's resync request (checked as the recorder's)."""
-        _check_resync(request)
-        self.reset()
-
-    def encode(
-        self,
-        request_ids: Sequence[Hashable],
-        block_lists: Sequence[Sequence[int] | Mapping[str, Sequence[int]]],
-    ) -> dict[str, Any]:
-        """The packed message for this step.
-
-        Raises (nothing is remembered from a refused step): ``BlockDeltaEncoder.encode``'s
-        errors, and ``ValueError`` for a request whose lists are not this encoder's shape
-        (flat or these groups) or an id outside ``[0, 2**31)``.
-        """
-        check_batch(request_ids, block_lists)
-        if backend.diff_lists is not None:  # compiled; None: a step it does not take
-            done = backend.diff_lists(self._held, request_ids, block_lists, self._groups)
-            if done is not None:
-                data, count, self._held = done
-                return self._sent(count, data)
-        held = self._held
-        names, keys, index, types = self._groups, self._keys, self._index, self._types
-        out: array[int] = array("i")
-        count = 0
-        new_held: dict[Hashable, Any] = {}
-        changes: list[tuple[list[int], list[Any]]] = []  # (held copy, op), applied at the end
-        for row, (request, lists) in enumerate(zip(request_ids, block_lists, strict=True)):
-            old = held.get(request)
-            if old is not None and (  # nothing changed: one comparison at C speed
-                (type(lists) is list and lists == old)
-                if names is None
-                else (
-                    type(lists) is dict
-                    and list(map(type, lists.values())) == types
-                    and lists == old
-                )
-            ):
-                new_held[request] = old
-                continue
-            if names is None:
-                if isinstance(lists, Mapping):
-                    raise BlockprepValueError(
-                        f"request {request!r} carries grouped block lists, but this encoder "
-                        f"is flat (groups=None)"
-                    )
-                new_held[request], n = _row(request, None, 0, row, old, lists, out, changes)
-                count += n
-                continue
-            if not isinstance(lists, Mapping):
-                raise BlockprepValueError(
-                    f"request {request!r} carries flat block lists, but this encoder's "
-                    f"groups are {list(names)}"
-                )
-            if lists.keys() != keys:
-                raise BlockprepValueError(
-                    f"request {request!r} carries groups {sorted(map(str, lists))}, but "
-                    f"this encoder's groups are {sorted(names)}"
-                )
-            copies = {}
-            for name, ids in lists.items():
-                before = None if old is None else old[name]
-                copies[name], n = _row(request, name, index[name], row, before, ids, out, changes)
-                count += n
-            new_held[request] = copies
-        for copy, op in changes:
-            tag = op[0]
-            if tag == APPEND:
-                copy += op[1]
-            elif tag == SET:
-                for p, x in zip(op[1], op[2], strict=True):
-                    copy[p] = x
-            else:
-                del copy[op[1] :]
-        self._held = new_held
-        return self._sent(count, _payload(out))
-
-    def _sent(self, count: int, data: bytes) -> dict[str, Any]:
-        """The message of ``count`` records in ``data``, and the numbers moved on."""
-        result = message(self._next, self._base, count, data)
-        self._base = self._next
-        self._next += 1
-        return result
-
-
-def _row(
-    request: Hashable,
-    group: str | None,
-    g: int,
-    row: int,
-    old: list[int] | None,
-    ids: Any,
-    out: array[int],
-    changes: list[tuple[list[int], list[Any]]],
-) -> tuple[list[int], int]:
-    """One row's records (group ``g`` of batch row ``row``) packed into ``out``: the list the
-    encoder holds for it afterwards (``old`` itself, changed by ``changes`` at the end, or a new
-    copy) and how many records."""
-    if old is not None and type(ids) is list and ids == old:
-        return old, 0
-    new = ids if type(ids) is list else _id_copy(ids)
-    ops = diff_ops(old, new, lambda values: _checked(values, request, group))
-    for op in ops:
-        tag = op[0]
-        kind = _KINDS[tag]
-        if tag in (WHOLE, APPEND):
-            out.extend((kind, g, row, len(op[1])))
-            out.extend(op[1])
-        elif tag == SET:
-            out.extend((kind, g, row, len(op[1])))
-            out.extend(op[1])
-            out.extend(op[2])
-        else:
-            out.extend((kind, g, row, op[1]))
-        if tag == WHOLE:
-            old = op[1]
-        else:
-            assert old is not None
-            changes.append((old, op))
-    assert old is not None
-    return old, len(ops)
-
-
-def _checked(ids: list[Any], request: Hashable, group: str | None) -> list[int]:
-    """``ids`` (a list of the encoder's own) as plain ints (wire's type check and text), each in
-    ``[0, ID_LIMIT)``."""
-    for x in ids:
-        if type(x) is not int or not 0 <= x < ID_LIMIT:
-            break
-    else:
-        return ids
-    values = _plain(ids)
-    if values and (min(values) < 0 or max(values) >= ID_LIMIT):
-        where = _place(request, group)
-        raise next(_bad_id(x, where) for x in values if not 0 <= x < ID_LIMIT)
-    return values
