@@ -464,7 +464,7 @@ def test_buffer_claims_survive_a_finalizer_releasing_one_meanwhile(
                 raise RuntimeError("dictionary changed size during iteration")
             return super().values()
 
-    monkeypatch.setattr(buffers, "_CLAIMS", Shifting(buffers._CLAIMS))
+    monkeypatch.setattr(buffers.host, "_CLAIMS", Shifting(buffers.host._CLAIMS))
     table = BlockTable(2, 4)
     assert Shifting.failed and table.write_row(0, [1, 2])
 

@@ -131,7 +131,7 @@ def test_a_child_forked_while_the_buffer_registry_is_locked_claims_buffers() -> 
     holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with buffers._LOCK:
+        with buffers.host._LOCK:
             holding.set()
             release.wait(30)
 
