@@ -4,11 +4,12 @@ A hypothesis state machine drives one ``_kernel.GroupKernel`` and one ``twin.Gro
 same spec with the same calls: steps of valid and invalid rows interleaved (ids in and out of range,
 repeats, bools, floats, NumPy integers, 0-d arrays, ints beyond int64, non-ints equal to a held id,
 padding rows, moved and new requests, lengths out of bounds), commits into any slot, invalidations,
-resets, rows cleared and forgotten, kernels with and without the repeat rule. After every call both
-agree on everything observable: the fault (code, row, value), every held row, every slot's table and
-counts, the counters a commit returns; and every committed slot equals a rebuild of the held ids by
-:mod:`blockprep.reference` (an oracle independent of both). Long DeepSeek V4 scheduler traces drive
-two :class:`GroupedTables` faces, one on each kernel, and compare buffers and error texts step by
+resets, re-initialisations (a plan staged before committed after), rows cleared and forgotten,
+kernels with and without the repeat rule. After every call both agree on everything observable:
+the fault (code, row, value), every held row, every slot's table and counts, the counters a commit
+returns; and every committed slot equals a rebuild of the held ids by :mod:`blockprep.reference`
+(an oracle independent of both). Long DeepSeek V4 scheduler traces drive two
+:class:`GroupedTables` faces, one on each kernel, and compare buffers and error texts step by
 step.
 
 The compiled kernel is imported directly, so this runs in the twin-forced pass too; it is skipped
@@ -98,9 +99,12 @@ class KernelPair(RuleBasedStateMachine):
         }
         self.counts = {k: np.zeros((rows, 2), np.int32) for k in ("c", "py")}
         self.committed: list[list[list[int] | None] | None] = [None] * slots
-        column = data.draw(st.integers(0, 1))  # apply_row renders into slot 0's table
-        self.c.bind(self.tables["c"][0], self.counts["c"], column)
-        self.py.bind(self.tables["py"][0], self.counts["py"], column)
+        self.column = data.draw(st.integers(0, 1))  # apply_row renders into slot 0's table
+        self._bind()
+
+    def _bind(self) -> None:
+        self.c.bind(self.tables["c"][0], self.counts["c"], self.column)
+        self.py.bind(self.tables["py"][0], self.counts["py"], self.column)
 
     def _id(self, data: Any, r: int, p: int) -> Any:
         held = self.py.held(r)
@@ -453,6 +457,24 @@ class KernelPair(RuleBasedStateMachine):
     def reset(self) -> None:
         self.c.reset()
         self.py.reset()
+
+    @rule(data=st.data())
+    def reinit(self, data: Any) -> None:
+        """Both kernels initialised again with their spec (every row unknown, every slot marked
+        whole, as after ``reset``), then a plan staged before it committed: both alike (the C
+        checks a plan's records, not when it was staged; the twin checks a stale plan so)."""
+        lists = [self._row(data, r) for r in range(self.rows)]
+        srcs = list(range(self.rows))
+        (plan_c, fault_c), (plan_py, fault_py) = (
+            k.stage(None, lists, srcs, _convert) for k in (self.c, self.py)
+        )
+        assert same_fault(fault_c, fault_py), (fault_c, fault_py)
+        for kernel in (self.c, self.py):
+            kernel.__init__(*self.spec, distinct=self.py.distinct)
+        self._bind()
+        if fault_c is None and data.draw(st.booleans()):
+            event("reinit: a plan staged before committed")
+            self._commit(data, plan_c, plan_py, self.column)
 
     @invariant()
     def agree(self) -> None:
