@@ -27,6 +27,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -300,6 +301,25 @@ def test_a_plan_staged_before_a_reinit_is_refused_before_any_write(K: type) -> N
         w.k.commit(stale, 0, table, counts, 0, True)
     assert (table == 55).all() and not counts.any()
     assert [w.k.held(r) for r in range(2)] == [None, None]
+
+
+def test_a_huge_refused_step_leaves_no_memory_in_the_kernel(K: type) -> None:
+    """A row of 300,000 ids for a table 8 wide (refused: LENGTH) grows the stage's scratch for
+    that call only: the kernel keeps its scratch between calls up to a bound, so nothing of
+    that row stays allocated (tracemalloc traces the C's PyMem allocations too)."""
+    k = K(False, 8, 2**31, 0, -1, 2, 1, distinct=False)
+    stay = [0, 1]
+    k.stage(None, [[1], [2]], stay, _convert)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        ids = list(range(1, 300_000))
+        plan, fault = k.stage([0], [[["w", ids]]], stay, _convert, ops=True)
+        del ids
+        assert plan is None and fault[:2] == (LENGTH, 0)
+        assert tracemalloc.get_traced_memory()[0] - before < 1 << 20
+    finally:
+        tracemalloc.stop()
 
 
 def test_a_kernel_made_without_init_is_an_empty_one(K: type) -> None:

@@ -6,7 +6,7 @@
  */
 #include "stage.h"
 
-#define SCRATCH_KEPT (1 << 16) /* record words a kernel keeps between calls */
+#define SCRATCH_KEPT (1 << 16) /* record words, or ids of a row, a kernel keeps between calls */
 
 /* ---- the scratch of one stage call -------------------------------------------------------------- */
 
@@ -650,10 +650,9 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
 done:
     self->busy = 0;
     bk_scratch_drop(s, 0);
-    if (s->cap > SCRATCH_KEPT) { /* a big step's records: not kept */
-        PyMem_Free(s->out);
-        s->out = NULL;
-        s->cap = 0;
+    if (s->cap > SCRATCH_KEPT || s->row_cap > SCRATCH_KEPT) { /* a big step's: not kept */
+        bk_scratch_free(s);
+        memset(s, 0, sizeof *s);
     }
     Py_DECREF(items);
     return result;
