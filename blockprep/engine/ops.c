@@ -226,7 +226,25 @@ static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObjec
     return 0;
 }
 
-/* ---- the steady step: one id set at one position of a row that stays ------------------------ */
+/* ---- one change to a row that stays, decided in one pass ------------------------------------ */
+
+/* A record of row r (a request's row that stays) holding n ids marked by change (MARK words),
+ * its first ids those row r holds (min(n, held length)); the record's ids, for the caller to
+ * write the rest. NULL with MemoryError. */
+static int32_t *held_record(GroupKernel *self, Scratch *s, Py_ssize_t r, Py_ssize_t n,
+                            const int32_t *change)
+{
+    const Py_ssize_t m = self->lens[r] < n ? self->lens[r] : n;
+    int32_t *rec = bk_scratch_record(s, n);
+    if (!rec)
+        return NULL;
+    rec[0] = (int32_t)r;
+    rec[1] = (int32_t)n;
+    rec[2] = change[0] | (self->distinct ? CHECKED : 0);
+    memcpy(rec + 3, change + 1, sizeof(int32_t) * (MARK - 1)); /* count, p0..p3 */
+    memcpy(rec + HEADER, self->held + r * self->stride, sizeof(int32_t) * (size_t)m);
+    return rec + HEADER;
+}
 
 /* What the general path decides for a set of id x at position p of row r (which stays and holds
  * its ids), when it takes it without a fault: no record (x is the held id) or one record marking
@@ -249,17 +267,11 @@ static int stage_one_set(GroupKernel *self, Scratch *s, Py_ssize_t r, long long 
             if (held[q] == x && q != p)
                 return 1; /* a REPEAT fault */
     }
-    int32_t *rec = bk_scratch_record(s, m);
-    if (!rec)
+    const int32_t change[MARK] = {POSITIONS, 1, (int32_t)p, 0, 0, 0};
+    int32_t *ids = held_record(self, s, r, m, change);
+    if (!ids)
         return -1;
-    rec[0] = (int32_t)r;
-    rec[1] = (int32_t)m;
-    rec[2] = POSITIONS | (self->distinct ? CHECKED : 0);
-    rec[3] = 1;
-    rec[4] = (int32_t)p;
-    rec[5] = rec[6] = rec[7] = 0;
-    memcpy(rec + HEADER, held, sizeof(int32_t) * (size_t)m);
-    rec[HEADER + p] = (int32_t)x;
+    ids[p] = (int32_t)x;
     return 0;
 }
 
@@ -297,8 +309,6 @@ static int one_set_of(PyObject *item, const unsigned char *data, Py_ssize_t word
     *x = exact_value(xo);
     return 1;
 }
-
-/* ---- one append to a row that stays ---------------------------------------------------------- */
 
 /* The ids list of item when it is exactly [["a", ids]] of an exact list; else NULL. */
 static PyObject *one_append_of(PyObject *item)
@@ -352,17 +362,11 @@ static int stage_append(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *i
     }
     if (bk_grow_held(self, n) < 0) /* changes no value */
         return -1;
-    held = self->held + r * self->stride;
-    int32_t *rec = bk_scratch_record(s, n);
-    if (!rec)
+    int32_t *out = held_record(self, s, r, n, change);
+    if (!out)
         return -1;
-    rec[0] = (int32_t)r;
-    rec[1] = (int32_t)n;
-    rec[2] = change[0] | (self->distinct ? CHECKED : 0);
-    memcpy(rec + 3, change + 1, sizeof(int32_t) * (MARK - 1)); /* count, p0..p3 */
-    memcpy(rec + HEADER, held, sizeof(int32_t) * (size_t)m);
     for (Py_ssize_t i = 0; i < k; i++)
-        rec[HEADER + m + i] = (int32_t)exact_value(PyList_GET_ITEM(ids, i));
+        out[m + i] = (int32_t)exact_value(PyList_GET_ITEM(ids, i));
     return 0;
 }
 
