@@ -84,7 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"upstream is at {head or '?'}, section 10 is written against {PINNED}")
         return 2
     print(f"upstream pypto-serving {head[:7]}, blockprep {ROOT}")
-    failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         copy = copy_upstream(args.upstream, head, Path(tmp))
         for route in args.routes.split(","):
@@ -93,7 +92,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{route:9} {backend:7} {passed}/{passed + failed} passed")
                 for name in names:
                     print(f"    failed: {name}")
-                failures += failed
     return 0
 
 
