@@ -36,6 +36,9 @@ typedef struct {
     Py_ssize_t *chg;  /* its changed positions */
     uint64_t *keys;   /* (value, position) pairs for the repeat check */
     Py_ssize_t row_cap;
+    Py_ssize_t *sizes; /* a step of every row: each row's size before the first comparison */
+    uint8_t *visit;    /* and whether the walk visits it */
+    Py_ssize_t step_cap;
 } Scratch;
 
 typedef struct {

@@ -382,7 +382,7 @@ int bk_stage_item(GroupKernel *self, Scratch *s, Py_ssize_t r, long long src, Py
             PyErr_Format(PyExc_TypeError, "row %zd must be a list, got %s", r, bk_type_name(item));
             return -1;
         }
-        return bk_stage_row(self, s, r, item, PyList_GET_SIZE(item), src, convert, fault_out);
+        return bk_stage_row(self, s, r, item, PyList_GET_SIZE(item), src, convert, fault_out, 0);
     }
     if (src == r && one_set_of(item, data, words, &one_p, &one_x) &&
         (status = stage_one_set(self, s, r, one_p, one_x)) <= 0)
@@ -415,6 +415,6 @@ int bk_stage_item(GroupKernel *self, Scratch *s, Py_ssize_t r, long long src, Py
     else if (status == 0 && item != Py_None && !records)
         status = check_set_ids(item, r, convert, fault_out);
     if (status == 0) /* held cells keep their value in s->vals; the rest read from s->objs */
-        status = bk_stage_row(self, s, r, NULL, n, src, convert, fault_out);
+        status = bk_stage_row(self, s, r, NULL, n, src, convert, fault_out, 0);
     return status == 1 && !*fault_out ? -1 : status;
 }

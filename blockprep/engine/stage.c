@@ -26,6 +26,8 @@ void bk_scratch_free(Scratch *s)
     PyMem_Free(s->objs);
     PyMem_Free(s->chg);
     PyMem_Free(s->keys);
+    PyMem_Free(s->sizes);
+    PyMem_Free(s->visit);
 }
 
 /* Room for rows of n ids, keeping what the row arrays hold. */
@@ -212,13 +214,84 @@ static int new_row_ids(GroupKernel *self, PyObject *lst, Py_ssize_t n, int paddi
     return 1;
 }
 
+/* The first position from p on where list lst (of at least n ids) does not hold base[0..n) as
+ * exact small ints, or n. Runs no Python code (the list cannot change under it): the common
+ * row's comparison. */
+static inline Py_ssize_t held_prefix(PyObject *lst, Py_ssize_t p, Py_ssize_t n,
+                                     const int32_t *base)
+{
+    PyObject *const *items = ((PyListObject *)lst)->ob_item;
+    const Py_ssize_t ahead = n > 8 ? n - 8 : 0;
+    PyTypeObject *const int_type = &PyLong_Type;
+    for (; p < ahead; p++) { /* the ids are scattered objects: fetch ahead of the walk */
+#if defined(__GNUC__)
+        __builtin_prefetch(items[p + 8]);
+#endif
+        PyObject *x = items[p];
+        if (Py_TYPE(x) != int_type || !small_equals(x, base[p]))
+            return p;
+    }
+    for (; p < n; p++) {
+        PyObject *x = items[p];
+        if (Py_TYPE(x) != int_type || !small_equals(x, base[p]))
+            return p;
+    }
+    return n;
+}
+
+/* Whether the list lst (or, with lst NULL, the n cells s->objs of a row built from ops, a NULL
+ * cell a held id) holds the ids base[0..m) as Python's list == decides it: from position p on
+ * (the ids before p are exact ints equal to the held ones), an exact int by value, any other id
+ * by its __eq__, the sizes read again at every position (a callback may change the list). 1
+ * equal, 0 not, -1 with an exception (with SAME_SWALLOW, an Exception is "not equal", as the
+ * twin's holds() takes it); with SAME_STRICT, 2 where an __eq__ would run, before it runs.
+ * *called is set when an id's __eq__ ran. */
+int bk_same_as_held(PyObject *lst, PyObject *const *objs, Py_ssize_t n, const int32_t *base,
+                    Py_ssize_t m, Py_ssize_t p, int *called, int flags)
+{
+    for (;; p++) {
+        Py_ssize_t size = lst ? PyList_GET_SIZE(lst) : n;
+        if (lst) /* the run of held small ints up to the next other id */
+            p = held_prefix(lst, p, size < m ? size : m, base);
+        if (p >= size || p >= m)
+            return size == m;
+        PyObject *x = lst ? PyList_GET_ITEM(lst, p) : objs[p];
+        if (!x)
+            continue; /* a held id: the held object itself */
+        if (PyLong_CheckExact(x)) {
+            if (exact_value(x) != base[p])
+                return 0;
+            continue;
+        }
+        if (flags & SAME_STRICT)
+            return 2;
+        PyObject *h = PyLong_FromLong(base[p]);
+        if (!h)
+            return -1;
+        Py_INCREF(x);
+        *called = 1;
+        int equal = PyObject_RichCompareBool(x, h, Py_EQ);
+        Py_DECREF(x);
+        Py_DECREF(h);
+        if (equal < 0 && (flags & SAME_SWALLOW) && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyErr_Clear();
+            return 0;
+        }
+        if (equal <= 0)
+            return equal;
+    }
+}
+
 /* Decide one visited row: append its record to s->out (or nothing: unchanged). Its n ids are
  * the items of lst (the caller's list) or, with lst NULL, the cells s->objs (NULL cells: a held
- * id, already in s->vals). Returns 0, 1 with *fault_out set, or -1 with an exception. */
+ * id, already in s->vals). Returns 0, 1 with *fault_out set, or -1 with an exception; with
+ * strict, 2 where Python code would run (an id that is no exact int), before any runs. */
 static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
                          Py_ssize_t n, long long src, PyObject *convert, PyObject **fault_out,
-                         PyObject **range_obj, Py_ssize_t *range_pos)
+                         PyObject **range_obj, Py_ssize_t *range_pos, int compared,
+                         int strict)
 {
+again:;
     const Py_ssize_t W = self->width;
     if (n <= W && bk_grow_held(self, n) < 0) /* before any pointer into held is taken */
         return -1;
@@ -236,25 +309,24 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
      * first other id. */
     Py_ssize_t p = 0;
     if (lst && base) {
-        PyObject *const *items = ((PyListObject *)lst)->ob_item;
-        const Py_ssize_t same = n < m ? n : m, ahead = same > 8 ? same - 8 : 0;
-        PyTypeObject *const int_type = &PyLong_Type;
-        for (; p < ahead; p++) { /* the ids are scattered objects: fetch ahead of the walk */
-#if defined(__GNUC__)
-            __builtin_prefetch(items[p + 8]);
-#endif
-            PyObject *x = items[p];
-            if (Py_TYPE(x) != int_type || !small_equals(x, base[p]))
-                break;
-        }
-        if (p == ahead)
-            for (; p < same; p++) {
-                PyObject *x = items[p];
-                if (Py_TYPE(x) != int_type || !small_equals(x, base[p]))
-                    break;
-            }
+        p = held_prefix(lst, 0, n < m ? n : m, base);
         if (p == n && from == r && n == m)
             return 0; /* it holds exactly what it held: nothing to check or write */
+        if (!compared && from == r && n == m &&
+            !(PyLong_CheckExact(PyList_GET_ITEM(lst, p)) &&
+              exact_value(PyList_GET_ITEM(lst, p)) != base[p])) {
+            /* The twin's holds(): the lists compared as Python compares them, from the first
+             * id that is no held small int on (an id that is no exact int runs its __eq__). */
+            int called = 0, same = bk_same_as_held(lst, NULL, n, base, m, p, &called,
+                                                   SAME_SWALLOW | (strict ? SAME_STRICT : 0));
+            if (same)
+                return same == 1 ? 0 : same;
+            if (called) { /* a callback ran: the row is read again, as the twin reads it */
+                n = PyList_GET_SIZE(lst);
+                compared = 1;
+                goto again;
+            }
+        }
     }
     if (bk_scratch_row(s, n) < 0)
         return -1;
@@ -285,6 +357,8 @@ static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *
                 vals[p] = v;
                 continue;
             }
+        } else if (strict) {
+            return 2; /* Python code would run: the caller stages the step in the twin's order */
         } else {
             /* Callbacks may run any code: hold x, and check the row kept its size. */
             Py_INCREF(x);
@@ -447,12 +521,12 @@ PyObject *bk_finished_plan(Scratch *s)
 
 /* stage_row_ids, then the converted id it kept for a RANGE fault released. */
 int bk_stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
-                     long long src, PyObject *convert, PyObject **fault_out)
+                 long long src, PyObject *convert, PyObject **fault_out, int strict)
 {
     PyObject *range_obj = NULL;
     Py_ssize_t range_pos = -1;
     int status = stage_row_ids(self, s, r, lst, n, src, convert, fault_out, &range_obj,
-                               &range_pos);
+                               &range_pos, 0, strict);
     Py_XDECREF(range_obj);
     return status;
 }
@@ -511,6 +585,159 @@ fail:
     Py_DECREF(key);
     Py_DECREF(out); /* the items not set are NULL, which a list's dealloc skips */
     return NULL;
+}
+
+/* The held row r as the twin holds it: None or a new list of ints. */
+static PyObject *held_object(GroupKernel *self, Py_ssize_t r)
+{
+    const Py_ssize_t m = self->lens[r];
+    if (m < 0)
+        Py_RETURN_NONE;
+    PyObject *out = PyList_New(m);
+    for (Py_ssize_t p = 0; out && p < m; p++) {
+        PyObject *x = PyLong_FromLong(self->held[r * self->stride + p]);
+        if (!x)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, p, x);
+    }
+    return out;
+}
+
+/* Whether items[r] differs from held row r as Python's != decides it (the twin's held row is
+ * None when unknown: any list differs), reading the row where no Python code runs, else first
+ * taking the rows' sizes (s->sizes) if not taken yet (*called: taken, some Python code may
+ * have run). 1, 0, or -1 with an exception. */
+static int row_differs(GroupKernel *self, Scratch *s, PyObject *items, Py_ssize_t r,
+                       int *called)
+{
+    PyObject *lst = PyList_GET_ITEM(items, r);
+    const Py_ssize_t m = self->lens[r];
+    const int32_t *base = self->held + r * self->stride;
+    Py_ssize_t p = 0;
+    if (PyList_CheckExact(lst)) {
+        if (m < 0 || PyList_GET_SIZE(lst) != m)
+            return 1;
+        p = held_prefix(lst, 0, m, base);
+        if (p == m)
+            return 0;
+    }
+    if (!*called) { /* what a callback could change: the sizes as they were */
+        for (Py_ssize_t i = 0; i < self->rows; i++)
+            s->sizes[i] = PyList_GET_SIZE(PyList_GET_ITEM(items, i));
+        *called = 1;
+    }
+    Py_INCREF(lst); /* a callback may drop it from items */
+    int d;
+    if (PyList_CheckExact(lst)) {
+        int ran = 0, same = bk_same_as_held(lst, NULL, m, base, m, p, &ran, 0);
+        d = same < 0 ? -1 : !same;
+    } else { /* a callback put something else there: compared as Python compares it */
+        PyObject *held = held_object(self, r);
+        PyObject *ne = held ? PyObject_RichCompare(lst, held, Py_NE) : NULL;
+        Py_XDECREF(held);
+        d = ne ? PyObject_IsTrue(ne) : -1;
+        Py_XDECREF(ne);
+    }
+    Py_DECREF(lst);
+    return d;
+}
+
+/* The rows a step of every row visits (rows None, id lists), as the twin decides them: when
+ * every item is a list and every src an int source, one comparison of each row's list with its
+ * held ids (Python's !=, in row order: an id that is no exact int runs its __eq__) finds the
+ * rows that stay and hold what they held, and only the others are visited (visit[r]); a
+ * comparison that raises an Exception, or a step whose lists changed size under it, visits every
+ * row. Then a row whose size changed under a comparison is refused ("changed while it was
+ * planned"). 1 with visit[] set, 0 every row visited, -1 with an exception. */
+static int rows_to_visit(GroupKernel *self, Scratch *s, PyObject *items, PyObject *srcs)
+{
+    const Py_ssize_t n = self->rows;
+    if (n > s->step_cap) {
+        Py_ssize_t *sizes = PyMem_Realloc(s->sizes, sizeof(Py_ssize_t) * (size_t)n);
+        if (sizes)
+            s->sizes = sizes;
+        uint8_t *visit = PyMem_Realloc(s->visit, (size_t)n);
+        if (visit)
+            s->visit = visit;
+        if (!sizes || !visit) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->step_cap = n;
+    }
+    uint8_t *visit = s->visit;
+    for (Py_ssize_t i = 0; i < n; i++) { /* plain: lists, and int sources; a moved row visited */
+        PyObject *src = PyList_GET_ITEM(srcs, i);
+        long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
+        if (!PyList_CheckExact(PyList_GET_ITEM(items, i)) || v == BIG || v < PADDING ||
+            v >= n)
+            return 0;
+        visit[i] = v != i && v != PADDING;
+    }
+    int every = 0, called = 0;
+    Py_ssize_t compared = 0; /* map() stops at the end of the shorter of items and held */
+    for (; compared < PyList_GET_SIZE(items) && compared < n; compared++) {
+        int d = row_differs(self, s, items, compared, &called);
+        if (d < 0) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                return -1;
+            PyErr_Clear(); /* the twin's every-row walk decides (and words) it */
+            every = 1;
+            break;
+        }
+        visit[compared] |= (uint8_t)d;
+    }
+    if (!called) /* no Python code ran: nothing changed */
+        return 1;
+    if (!every && (compared != n || PyList_GET_SIZE(srcs) != n))
+        every = 1; /* zip(strict=True) refuses: every row */
+    for (Py_ssize_t i = 0; !every && i < n; i++) { /* the sources as they are now */
+        PyObject *src = PyList_GET_ITEM(srcs, i);
+        long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
+        if (v != i && v != PADDING)
+            visit[i] = 1;
+    }
+    Py_ssize_t changed = -1; /* the twin's same_lengths: every size read, then compared */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        Py_ssize_t size = PyObject_Size(PyList_GET_ITEM(items, i));
+        if (size < 0)
+            return -1;
+        if (changed < 0 && (i >= n || size != s->sizes[i]))
+            changed = i;
+    }
+    if (changed >= 0 && PyList_GET_SIZE(items) == n) {
+        PyErr_Format(PyExc_RuntimeError, "row %zd changed while it was planned", changed);
+        return -1;
+    }
+    return !every;
+}
+
+/* Whether the twin, staging this step of every row, would run Python code (an id's __eq__)
+ * when it first compares rows from..rows-1 with their held ids (rows_to_visit; a step that is
+ * not plain is compared row by row as it is walked). Runs none. */
+static int compare_runs_python(GroupKernel *self, PyObject *items, PyObject *srcs,
+                               Py_ssize_t from)
+{
+    const Py_ssize_t n = self->rows;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *src = PyList_GET_ITEM(srcs, i);
+        long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
+        if (!PyList_CheckExact(PyList_GET_ITEM(items, i)) || v == BIG || v < PADDING ||
+            v >= n)
+            return 0;
+    }
+    for (Py_ssize_t r = from; r < n; r++) {
+        PyObject *lst = PyList_GET_ITEM(items, r);
+        const Py_ssize_t m = self->lens[r];
+        if (m < 0 || PyList_GET_SIZE(lst) != m)
+            continue;
+        const int32_t *base = self->held + r * self->stride;
+        int called = 0;
+        if (bk_same_as_held(lst, NULL, m, base, m, 0, &called, SAME_STRICT) == 2)
+            return 1;
+    }
+    return 0;
 }
 
 /* GroupKernel.stage: every visited row's new ids in one of two encodings, an id list per row, or
@@ -615,8 +842,17 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
     }
     if (bk_scratch_reserve(s, hint) < 0)
         goto done;
+    /* A step of every row by id lists is walked row by row while no Python code runs (exact
+     * ints: the order is not observable); at the first id that is no exact int, it starts over
+     * in the twin's order (rows_to_visit first), so that callbacks run as they run there. */
+    int strict = !ops && rows == Py_None, some = 0;
+    Py_ssize_t last = -1; /* the last row visited */
+walk:
     for (Py_ssize_t i = 0; i < visits; i++) {
         long long r = i, src;
+        if (some && !s->visit[i])
+            continue;
+        last = i;
         /* rows, items and srcs are the caller's: callbacks may change them. */
         if ((rows != Py_None && PyList_GET_SIZE(rows) != visits) ||
             PyList_GET_SIZE(items) != visits || PyList_GET_SIZE(srcs) != self->rows) {
@@ -637,14 +873,30 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
         int status = ops ? bk_stage_item(self, s, (Py_ssize_t)r, src, item, data, words, convert,
                                          &fault_value)
                          : bk_stage_row(self, s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
-                                        convert, &fault_value);
+                                        convert, &fault_value, strict);
         Py_DECREF(item);
+        if (status == 2 ||
+            (status == 1 && strict && compare_runs_python(self, items, srcs, i + 1))) {
+            Py_CLEAR(fault_value);
+            bk_scratch_drop(s, 0);
+            s->used = 0;
+            strict = 0;
+            last = -1;
+            if ((some = rows_to_visit(self, s, items, srcs)) < 0)
+                goto done;
+            goto walk;
+        }
         if (status < 0)
             goto done;
         if (status > 0) {
             result = fault_value;
             goto done;
         }
+    }
+    if (some && last >= 0 && last < visits - 1 &&
+        (PyList_GET_SIZE(items) != visits || PyList_GET_SIZE(srcs) != self->rows)) {
+        PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
+        goto done;
     }
     result = bk_finished_plan(s);
 done:
