@@ -371,7 +371,7 @@ def apply_ops(ops: object, held: list[Any] | None) -> list[Any]:
         if ids is None and tag != WHOLE:
             raise DeltaMessageError("a request new to the worker must come with its whole list")
         if tag == WHOLE and len(op) == 2:
-            ids = _id_list(op[1])
+            ids = _id_list(op[1])[:]  # a new list: the caller's may change while it is read
         elif ids is not None and tag == APPEND and len(op) == 2:
             ids = ids + _id_list(op[1])
         elif ids is not None and tag == SET and len(op) == 3:

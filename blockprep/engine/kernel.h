@@ -32,6 +32,7 @@ typedef struct {
     Py_ssize_t used, cap;
     long long *vals;  /* one row's ids */
     PyObject **objs;  /* a row built from ops: its id objects (owned), NULL for a held id */
+    int odd;          /* some cell of objs holds an id that is no exact int */
     Py_ssize_t nobjs; /* objs[0..nobjs) hold references */
     Py_ssize_t *chg;  /* its changed positions */
     uint64_t *keys;   /* (value, position) pairs for the repeat check */

@@ -58,6 +58,7 @@ static int put_items(Scratch *s, Py_ssize_t at, PyObject *ids)
         PyObject *x = PyList_GET_ITEM(ids, i);
         Py_INCREF(x);
         s->objs[at + i] = x;
+        s->odd |= !PyLong_CheckExact(x);
     }
     s->nobjs = at + k;
     return 0;
@@ -107,6 +108,7 @@ static int apply_ops(Scratch *s, PyObject *ops, Py_ssize_t *n)
                 PyObject *x = PyList_GET_ITEM(values, j);
                 Py_INCREF(x);
                 Py_XSETREF(s->objs[p], x);
+                s->odd |= !PyLong_CheckExact(x);
             }
         } else if (tag == OP_T && size == 2) {
             PyObject *q = PyList_GET_ITEM(op, 1);
@@ -393,6 +395,7 @@ int bk_stage_item(GroupKernel *self, Scratch *s, Py_ssize_t r, long long src, Py
     /* The cells start as the ids the request held (none for a new request). */
     Py_ssize_t n = -1;
     bk_scratch_drop(s, 0);
+    s->odd = 0;
     status = 0;
     if (src >= 0 && self->lens[src] >= 0) {
         n = self->lens[src];

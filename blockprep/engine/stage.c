@@ -239,15 +239,15 @@ static inline Py_ssize_t held_prefix(PyObject *lst, Py_ssize_t p, Py_ssize_t n,
     return n;
 }
 
-/* Whether the list lst (or, with lst NULL, the n cells s->objs of a row built from ops, a NULL
- * cell a held id) holds the ids base[0..m) as Python's list == decides it: from position p on
+/* Whether the list lst (or, with lst NULL, the n cells objs of a row built from ops, a NULL
+ * cell the value in vals) holds the ids base[0..m) as Python's list == decides it: from position p on
  * (the ids before p are exact ints equal to the held ones), an exact int by value, any other id
  * by its __eq__, the sizes read again at every position (a callback may change the list). 1
  * equal, 0 not, -1 with an exception (with SAME_SWALLOW, an Exception is "not equal", as the
  * twin's holds() takes it); with SAME_STRICT, 2 where an __eq__ would run, before it runs.
  * *called is set when an id's __eq__ ran. */
-int bk_same_as_held(PyObject *lst, PyObject *const *objs, Py_ssize_t n, const int32_t *base,
-                    Py_ssize_t m, Py_ssize_t p, int *called, int flags)
+int bk_same_as_held(PyObject *lst, PyObject *const *objs, const long long *vals, Py_ssize_t n,
+                    const int32_t *base, Py_ssize_t m, Py_ssize_t p, int *called, int flags)
 {
     for (;; p++) {
         Py_ssize_t size = lst ? PyList_GET_SIZE(lst) : n;
@@ -256,8 +256,11 @@ int bk_same_as_held(PyObject *lst, PyObject *const *objs, Py_ssize_t n, const in
         if (p >= size || p >= m)
             return size == m;
         PyObject *x = lst ? PyList_GET_ITEM(lst, p) : objs[p];
-        if (!x)
-            continue; /* a held id: the held object itself */
+        if (!x) { /* a value cell (a held id's: the held object itself) */
+            if (vals[p] != base[p])
+                return 0;
+            continue;
+        }
         if (PyLong_CheckExact(x)) {
             if (exact_value(x) != base[p])
                 return 0;
@@ -285,7 +288,8 @@ int bk_same_as_held(PyObject *lst, PyObject *const *objs, Py_ssize_t n, const in
 /* Decide one visited row: append its record to s->out (or nothing: unchanged). Its n ids are
  * the items of lst (the caller's list) or, with lst NULL, the cells s->objs (NULL cells: a held
  * id, already in s->vals). Returns 0, 1 with *fault_out set, or -1 with an exception; with
- * strict, 2 where Python code would run (an id that is no exact int), before any runs. */
+ * strict, 2 where Python code would run (an id that is no exact int), before any runs.
+ * compared: the twin's holds() comparison of the lists ran already (the row is read again). */
 static int stage_row_ids(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst,
                          Py_ssize_t n, long long src, PyObject *convert, PyObject **fault_out,
                          PyObject **range_obj, Py_ssize_t *range_pos, int compared,
@@ -304,6 +308,14 @@ again:;
         base = self->held + from * stride;
         m = self->lens[from];
     }
+    if (!lst && s->odd && base && from == r && n == m) {
+        /* The twin's holds() on the ids ops made, some of them no exact int: such an id runs
+         * its __eq__ there, before the walk (a NULL cell is the held id, in s->vals). */
+        int called = 0, same = bk_same_as_held(NULL, s->objs, s->vals, n, base, m, 0, &called,
+                                               SAME_SWALLOW);
+        if (same)
+            return same == 1 ? 0 : same;
+    }
     /* 0. The common row: its leading ids are the held ids as exact small ints. This loop runs
      * no Python code (the list cannot change under it); the walk below takes over at the
      * first other id. */
@@ -317,7 +329,7 @@ again:;
               exact_value(PyList_GET_ITEM(lst, p)) != base[p])) {
             /* The twin's holds(): the lists compared as Python compares them, from the first
              * id that is no held small int on (an id that is no exact int runs its __eq__). */
-            int called = 0, same = bk_same_as_held(lst, NULL, n, base, m, p, &called,
+            int called = 0, same = bk_same_as_held(lst, NULL, NULL, n, base, m, p, &called,
                                                    SAME_SWALLOW | (strict ? SAME_STRICT : 0));
             if (same)
                 return same == 1 ? 0 : same;
@@ -630,7 +642,7 @@ static int row_differs(GroupKernel *self, Scratch *s, PyObject *items, Py_ssize_
     Py_INCREF(lst); /* a callback may drop it from items */
     int d;
     if (PyList_CheckExact(lst)) {
-        int ran = 0, same = bk_same_as_held(lst, NULL, m, base, m, p, &ran, 0);
+        int ran = 0, same = bk_same_as_held(lst, NULL, NULL, m, base, m, p, &ran, 0);
         d = same < 0 ? -1 : !same;
     } else { /* a callback put something else there: compared as Python compares it */
         PyObject *held = held_object(self, r);
@@ -734,7 +746,7 @@ static int compare_runs_python(GroupKernel *self, PyObject *items, PyObject *src
             continue;
         const int32_t *base = self->held + r * self->stride;
         int called = 0;
-        if (bk_same_as_held(lst, NULL, m, base, m, 0, &called, SAME_STRICT) == 2)
+        if (bk_same_as_held(lst, NULL, NULL, m, base, m, 0, &called, SAME_STRICT) == 2)
             return 1;
     }
     return 0;
@@ -846,13 +858,11 @@ PyObject *bk_stage(GroupKernel *self, PyObject *const *args, Py_ssize_t nargs, P
      * ints: the order is not observable); at the first id that is no exact int, it starts over
      * in the twin's order (rows_to_visit first), so that callbacks run as they run there. */
     int strict = !ops && rows == Py_None, some = 0;
-    Py_ssize_t last = -1; /* the last row visited */
 walk:
     for (Py_ssize_t i = 0; i < visits; i++) {
         long long r = i, src;
         if (some && !s->visit[i])
             continue;
-        last = i;
         /* rows, items and srcs are the caller's: callbacks may change them. */
         if ((rows != Py_None && PyList_GET_SIZE(rows) != visits) ||
             PyList_GET_SIZE(items) != visits || PyList_GET_SIZE(srcs) != self->rows) {
@@ -875,28 +885,31 @@ walk:
                          : bk_stage_row(self, s, (Py_ssize_t)r, item, PyList_GET_SIZE(item), src,
                                         convert, &fault_value, strict);
         Py_DECREF(item);
+        if (status == 0)
+            continue;
         if (status == 2 ||
             (status == 1 && strict && compare_runs_python(self, items, srcs, i + 1))) {
             Py_CLEAR(fault_value);
             bk_scratch_drop(s, 0);
             s->used = 0;
             strict = 0;
-            last = -1;
             if ((some = rows_to_visit(self, s, items, srcs)) < 0)
                 goto done;
             goto walk;
         }
-        if (status < 0)
-            goto done;
-        if (status > 0) {
+        if (status > 0)
             result = fault_value;
+        goto done;
+    }
+    if (some) { /* the twin checks the step's sizes once more unless it visited the last row */
+        Py_ssize_t last = visits - 1;
+        while (last >= 0 && !s->visit[last])
+            last--;
+        if (last >= 0 && last < visits - 1 &&
+            (PyList_GET_SIZE(items) != visits || PyList_GET_SIZE(srcs) != self->rows)) {
+            PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
             goto done;
         }
-    }
-    if (some && last >= 0 && last < visits - 1 &&
-        (PyList_GET_SIZE(items) != visits || PyList_GET_SIZE(srcs) != self->rows)) {
-        PyErr_SetString(PyExc_RuntimeError, "the step changed while it was planned");
-        goto done;
     }
     result = bk_finished_plan(s);
 done:
