@@ -476,6 +476,43 @@ class KernelPair(RuleBasedStateMachine):
             event("reinit: a plan staged before committed")
             self._commit(data, plan_c, plan_py, self.column)
 
+    @rule(data=st.data())
+    def odd_call(self, data: Any) -> None:
+        """One entry point called with one argument replaced by an odd value (a type it refuses,
+        an int past int64, a bool, an array, a str): both kernels raise the same exception with
+        the same message, or give the same answer (a commit then counts as one); the invariant
+        then checks that nothing else changed. A plan is each kernel's own (the compiled one's
+        bytes, the twin's list): neither is given as the plan."""
+        name = data.draw(st.sampled_from(sorted(_ODD_CALLS)))
+        position = data.draw(st.integers(0, _ODD_CALLS[name] - 1))
+        values = _ODD_VALUES
+        if name in ("commit", "rows_of") and position == 0:  # each kernel's plans are its own
+            values = [v for v in values if type(v) not in (bytes, list)]  # (bytes, a list)
+        odd = data.draw(st.sampled_from(values))
+        slot = data.draw(st.integers(0, self.slots - 1))
+        outs = []
+        for k, kernel in (("c", self.c), ("py", self.py)):
+            empty, _ = kernel.stage([], [], list(range(self.rows)), _convert)
+            args: list[Any] = {
+                "stage": [[], [], list(range(self.rows)), _convert, None],
+                "commit": [empty, slot, self.tables[k][slot], self.counts[k], self.column, True],
+                "held": [0],
+                "length": [0],
+                "rows_of": [empty],
+            }[name]
+            args[position] = odd() if callable(odd) and not isinstance(odd, type) else odd
+            try:
+                out: Any = getattr(kernel, name)(*args)
+                if name == "stage":
+                    out = (out[0] is None, out[1])
+            except Exception as error:  # the exception is what is compared
+                out = (type(error), str(error))
+            outs.append(out)
+        assert outs[0] == outs[1], (name, position, outs)
+        if name == "commit" and type(outs[0][0]) is not type:
+            self.forgotten[slot].difference_update(outs[1][2] or ())
+            self.committed[slot] = [self.py.held(r) for r in range(self.rows)]
+
     @invariant()
     def agree(self) -> None:
         if not hasattr(self, "c"):
@@ -491,6 +528,34 @@ class KernelPair(RuleBasedStateMachine):
                 known = [r for r in range(self.rows) if r not in self.forgotten[s]]
                 np.testing.assert_array_equal(self.tables["c"][s][known], expected[known])
         np.testing.assert_array_equal(self.counts["c"], self.counts["py"])
+
+
+_ODD_CALLS = {"stage": 5, "commit": 6, "held": 1, "length": 1, "rows_of": 1}
+"""The entry points the state machine calls with an odd argument, and how many it takes."""
+
+_ODD_VALUES: list[Any] = [
+    None,
+    True,
+    1.5,
+    float("nan"),
+    -1,
+    2**31,
+    2**63,
+    2**70,
+    -(2**70),
+    "0",
+    b"\x00\x00\x00\x00",
+    (),
+    [],
+    [0],
+    {},
+    np.int64(0),
+    np.array([0, 1]),
+    np.zeros((2, 2), np.int64),
+    np.zeros((0,), np.int32),
+    object,  # called: a fresh object()
+]
+"""Odd arguments: each kernel gets its own copy of a mutable one."""
 
 
 KernelPair.TestCase.settings = settings(
