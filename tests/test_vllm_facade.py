@@ -390,7 +390,9 @@ def test_multi_group_widths_and_ids_per_group() -> None:
 @given(st.data())
 def test_multi_group_follows_vllm_and_checks_every_group_first(data: st.DataObject) -> None:
     sizes = [4, 8]
-    table = VllmMultiGroupBlockTable(ROWS, 32, 16, False, "cpu", sizes, max_num_blocks=[8, 4])
+    table = VllmMultiGroupBlockTable(
+        ROWS, 32, 16, False, "cpu", sizes, max_num_blocks=[8, 4], verify=True
+    )  # verify mode: every group checked against the lists the calls gave, after every call
     widths = [t.max_num_blocks_per_req for t in table.block_tables]
     ports = [PortTable(b, ROWS, w, 16) for b, w in zip(sizes, widths, strict=True)]
     for _ in range(data.draw(st.integers(1, 12))):
@@ -458,6 +460,21 @@ def test_verify_mode_catches_a_page_the_table_lost() -> None:
     plain.add_row([5, 6, 7], 0)
     plain.table.truncate(0, 2)
     plain.clear_row(2)  # without verify mode: unnoticed
+
+
+def test_multi_group_verify_mode_catches_a_page_a_group_lost() -> None:
+    """The same for every group of a ``VllmMultiGroupBlockTable``: a page group 1 lost behind
+    the tables' back is named, group and row and column, at the next call."""
+    tables = VllmMultiGroupBlockTable(3, 64, 8, False, "cpu", [16, 32], verify=True)
+    tables.add_row(([1, 2, 3], [7, 8]), 0)
+    tables.apply_step(appended={0: ([4], [9])}, added={1: ([5], [6])}, moves=[(1, 2)])
+    assert tables[1].get_numpy_array()[:, :3].tolist() == [[7, 8, 9], [6, 0, 0], [6, 0, 0]]
+    tables[1].table.truncate(0, 2)  # the lost page
+    lost = r"KV cache group 1 buffer block_table .* row 0, column 2: holds 0"
+    with pytest.raises(StaleRowError, match=lost):
+        tables.clear_row(2)
+    with pytest.raises(ValueError, match="group 0 block-table row 1"):
+        tables.append_row(([-1], []), 1)  # refused: recorded nowhere
 
 
 def test_verify_mode_leaves_a_refused_call_unrecorded() -> None:

@@ -243,10 +243,10 @@ def step_args(step: Step, g: int | None) -> dict[str, Any]:
 
 
 def make(rows: int, block_sizes: list[int], widths: list[int]) -> Any:
-    if len(block_sizes) == 1:  # verify mode on: every call checked against the caller's lists
+    if len(block_sizes) == 1:  # verify mode on (both): every call checked against the lists
         return VllmBlockTable(block_sizes[0], rows, widths[0], 64, separate=True, verify=True)
     return VllmMultiGroupBlockTable(
-        rows, 4096, 64, False, "cpu", block_sizes, max_num_blocks=widths, separate=True
+        rows, 4096, 64, False, "cpu", block_sizes, max_num_blocks=widths, separate=True, verify=True
     )
 
 

@@ -21,6 +21,7 @@ from blockprep.adapters.vllm.steps import (
     where,
 )
 from blockprep.adapters.vllm.table import VllmBlockTable, _kernel_block_size, _positive
+from blockprep.adapters.vllm.verify import GroupCallerLists
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
 from blockprep.wire import DeltaCursor
@@ -37,8 +38,9 @@ class VllmMultiGroupBlockTable:
     ``pin_memory``, ``device``, ``block_sizes`` (one per group), ``kernel_block_sizes`` (``None``
     or equal to ``block_sizes``), ``max_num_blocks`` (per group; default
     ``cdiv(max_model_len, block_size)``). As in vLLM, a group's column count is rounded up to a
-    multiple of ``128 // block_size`` when ``block_size <= 128``. ``separate`` as in
-    :class:`VllmBlockTable`.
+    multiple of ``128 // block_size`` when ``block_size <= 128``. ``separate`` and ``verify`` as
+    in :class:`VllmBlockTable` (``verify``: every group's table and counts against a rebuild of
+    the block lists the calls gave that group, after every call that writes rows).
 
     Row operations take one id list per group (``block_ids[g]`` for group ``g``; vLLM's
     ``tuple[list[int], ...]``). Unlike vLLM, which writes group after group and stops at the
@@ -58,6 +60,7 @@ class VllmMultiGroupBlockTable:
         max_num_blocks: Sequence[int] | None = None,
         *,
         separate: bool = False,
+        verify: bool = False,
     ) -> None:
         sizes = [_positive(size, "block size") for size in block_sizes]
         if not sizes:
@@ -96,6 +99,9 @@ class VllmMultiGroupBlockTable:
         ]
         self._num_rows = self.block_tables[0].max_num_reqs
         self._cursor = DeltaCursor()  # the last packed message applied (apply_packed)
+        self.verify = bool(verify)
+        if self.verify:  # the plain methods pay nothing for the option
+            GroupCallerLists(self).install()
 
     def __getitem__(self, idx: int) -> VllmBlockTable:
         """Group ``idx``'s table."""

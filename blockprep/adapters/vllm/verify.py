@@ -1,4 +1,5 @@
-"""Verify mode of the vLLM-style facade: ``VllmBlockTable(..., verify=True)``.
+"""Verify mode of the vLLM-style facade: ``VllmBlockTable(..., verify=True)`` and
+``VllmMultiGroupBlockTable(..., verify=True)`` (every KV cache group, :class:`GroupCallerLists`).
 
 After every call that writes rows, the table (host buffer and ``num_blocks_per_row``) is compared
 with :func:`blockprep.reference.block_table_per_row` of the block lists the caller gave, kept here
@@ -13,7 +14,7 @@ production. Rows must be written through the facade's methods (see ``VllmBlockTa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -37,28 +38,14 @@ class CallerLists:
     ``facade`` is a ``VllmBlockTable`` (``max_num_reqs``, ``max_num_blocks_per_req``,
     ``get_cpu_tensor``, ``num_blocks_per_row``)."""
 
-    def __init__(self, facade: Any) -> None:
+    def __init__(self, facade: Any, name: str = "VllmBlockTable") -> None:
         self.facade = facade
+        self.name = name
         self.lists: list[list[int]] = [[] for _ in range(facade.max_num_reqs)]
 
     def install(self) -> None:
         """Replace the facade's writing methods by verified ones (on the instance only)."""
-        facade = self.facade
-        for name in ("append_row", "add_row", "clear_row", "move_row", "swap_row", "clear"):
-            setattr(facade, name, self._verified(getattr(facade, name), getattr(self, name)))
-        facade.apply_step = self.apply_step
-        facade.apply_packed = self.apply_packed
-
-    def _verified(
-        self, call: Callable[..., None], record: Callable[..., None]
-    ) -> Callable[..., None]:
-        def verified(*args: Any, **kwargs: Any) -> None:
-            call(*args, **kwargs)  # refused: raises, nothing recorded
-            record(*args, **kwargs)
-            self.check()
-
-        verified.__doc__ = call.__doc__
-        return verified
+        install(self.facade, self)
 
     # --- what each call does to the lists -------------------------------------------------------
 
@@ -111,7 +98,7 @@ class CallerLists:
                 self.lists[row] += _ints(ids)
         for row, ids in added:
             self.lists[row] = _ints(ids)
-        self._moved(moves)
+        self.moved(moves)
         self.check()
 
     def apply_packed(
@@ -129,10 +116,11 @@ class CallerLists:
         rows = packed.unpack(message, list(range(len(self.lists))))["rows"]
         for row, ops in rows.items():
             self.lists[row] = apply_ops(ops, self.lists[row])
-        self._moved(moves)
+        self.moved(moves)
         self.check()
 
-    def _moved(self, moves: list[tuple[int, int]]) -> None:
+    def moved(self, moves: list[tuple[int, int]]) -> None:
+        """Each ``(src, tgt)`` of ``moves``, in order: ``tgt``'s list a copy of ``src``'s."""
         for src, tgt in moves:
             self.lists[tgt] = list(self.lists[src])
 
@@ -146,7 +134,123 @@ class CallerLists:
             self.lists, max_blocks=facade.max_num_blocks_per_req, pad=0
         )
         table = facade.get_cpu_tensor()
-        check_buffer("VllmBlockTable", "block_table", table, rebuilt, rows_and_columns)
+        check_buffer(self.name, "block_table", table, rebuilt, rows_and_columns)
         counts = torch.tensor([len(ids) for ids in self.lists], dtype=torch.int32)
         got = torch.from_numpy(np.array(facade.num_blocks_per_row))
-        check_buffer("VllmBlockTable", "num_blocks_per_row", got, counts, rows_and_columns)
+        check_buffer(self.name, "num_blocks_per_row", got, counts, rows_and_columns)
+
+
+class GroupCallerLists:
+    """:class:`CallerLists` of every KV cache group of a ``VllmMultiGroupBlockTable``: a call's
+    ``block_ids[g]`` go to group ``g``'s lists, a packed record's ``group`` names its group, and
+    after every call that writes rows every group is checked (the error names the group)."""
+
+    def __init__(self, tables: Any) -> None:
+        self.facade = tables
+        self.groups = [
+            CallerLists(table, f"KV cache group {g}") for g, table in enumerate(tables.block_tables)
+        ]
+
+    def install(self) -> None:
+        """Replace the tables' writing methods by verified ones (on the instance only)."""
+        install(self.facade, self)
+
+    def append_row(self, block_ids: Any, row_idx: int) -> None:
+        for lists, ids in zip(self.groups, block_ids, strict=True):
+            lists.append_row(ids, row_idx)
+
+    def add_row(self, block_ids: Any, row_idx: int) -> None:
+        for lists, ids in zip(self.groups, block_ids, strict=True):
+            lists.add_row(ids, row_idx)
+
+    def clear_row(self, row_idx: int) -> None:
+        for lists in self.groups:
+            lists.clear_row(row_idx)
+
+    def move_row(self, src: int, tgt: int) -> None:
+        for lists in self.groups:
+            lists.move_row(src, tgt)
+
+    def swap_row(self, src: int, tgt: int) -> None:
+        for lists in self.groups:
+            lists.swap_row(src, tgt)
+
+    def clear(self) -> None:
+        for lists in self.groups:
+            lists.clear()
+
+    def apply_step(
+        self,
+        *,
+        finished: Iterable[int] = (),
+        appended: Any = (),
+        added: Any = (),
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """The tables' ``apply_step``, its arguments read once, then each group's lists and
+        the check."""
+        finished = list(iterable(finished, "finished", "an iterable of rows"))
+        appended = list(step_items(appended, "appended"))
+        added = list(step_items(added, "added"))
+        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
+        type(self.facade).apply_step(
+            self.facade,
+            finished=finished,
+            appended=appended,
+            added=added,
+            moves=moves,
+            num_reqs=num_reqs,
+        )
+        for g, group in enumerate(self.groups):
+            for row in finished:
+                group.lists[row] = []
+            for row, ids in appended:
+                if ids is not None:
+                    group.lists[row] += _ints(ids[g])
+            for row, ids in added:
+                group.lists[row] = _ints(ids[g])
+            group.moved(moves)
+        self.check()
+
+    def apply_packed(
+        self,
+        message: object,
+        *,
+        moves: Iterable[tuple[int, int]] = (),
+        num_reqs: int | None = None,
+    ) -> None:
+        """The tables' ``apply_packed``, then each record applied to its group's lists by
+        :func:`blockprep.wire.apply_ops`, the moves, and the check."""
+        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
+        type(self.facade).apply_packed(self.facade, message, moves=moves, num_reqs=num_reqs)
+        names = [str(g) for g in range(len(self.groups))]
+        rows = packed.unpack(message, list(range(len(self.groups[0].lists))), names)["rows"]
+        for row, by_group in rows.items():
+            for name, ops in by_group.items():
+                group = self.groups[int(name)]
+                group.lists[row] = apply_ops(ops, group.lists[row])
+        for group in self.groups:
+            group.moved(moves)
+        self.check()
+
+    def check(self) -> None:
+        for group in self.groups:
+            group.check()
+
+
+def install(facade: Any, lists: CallerLists | GroupCallerLists) -> None:
+    """``facade``'s writing methods (on the instance) replaced by ones that call them, then
+    record the call in ``lists`` and check; a refused call records nothing."""
+    for name in ("append_row", "add_row", "clear_row", "move_row", "swap_row", "clear"):
+        call, record = getattr(facade, name), getattr(lists, name)
+
+        def verified(*args: Any, _call: Any = call, _record: Any = record, **kwargs: Any) -> None:
+            _call(*args, **kwargs)  # refused: raises, nothing recorded
+            _record(*args, **kwargs)
+            lists.check()
+
+        verified.__doc__ = call.__doc__
+        setattr(facade, name, verified)
+    facade.apply_step = lists.apply_step
+    facade.apply_packed = lists.apply_packed
