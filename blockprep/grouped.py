@@ -489,13 +489,19 @@ class GroupedTables:
         if len(keys) != n_rows:
             raise BlockprepValueError(f"keys must hold {n_rows} rows, got {len(keys)}")
         previous = self._keys
-        if keys == previous:
-            return previous, self._stay
-        held_at = {key: row for row, key in enumerate(previous) if key is not None}
-        srcs = [
-            PADDING if new is None else row if new == old else held_at.get(new, NEW)
-            for row, (old, new) in enumerate(zip(previous, keys, strict=True))
-        ]
+        try:  # a request key is hashed and compared: one that cannot be is refused
+            if keys == previous:
+                return previous, self._stay
+            held_at = {key: row for row, key in enumerate(previous) if key is not None}
+            srcs = [
+                PADDING if new is None else row if new == old else held_at.get(new, NEW)
+                for row, (old, new) in enumerate(zip(previous, keys, strict=True))
+            ]
+        except Exception as error:
+            raise BlockprepTypeError(
+                f"keys must be request keys that hash and compare (None for a padding row); "
+                f"one raised {type(error).__name__}: {error}"
+            ) from error
         return keys, srcs
 
     # --- commit -----------------------------------------------------------------------------------

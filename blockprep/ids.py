@@ -85,6 +85,8 @@ def as_int(value: object, name: str) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise BlockprepTypeError(f"{name} must be an integer, got {value!r}") from None
+    except Exception as error:  # an __index__ that raises: not an integer it can read
+        raise BlockprepTypeError(f"{name} must be an integer, got {value!r}") from error
 
 
 def check_max_blocks(max_blocks: int) -> int:
@@ -92,6 +94,8 @@ def check_max_blocks(max_blocks: int) -> int:
     value = as_int(max_blocks, "max_blocks")
     if value <= 0:
         raise BlockprepValueError("max_blocks must be positive")
+    if value > INT32_MAX:  # a table's columns are int32-addressed
+        raise BlockprepValueError(f"max_blocks must be at most {INT32_MAX}, got {value}")
     return value
 
 

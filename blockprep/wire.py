@@ -131,7 +131,7 @@ class BlockDeltaEncoder:
                 old is not None
                 and type(lists) is type(old)
                 and _plain_lists(lists)
-                and lists == old
+                and _same(lists, old)
             ):
                 new_held[request] = old  # nothing changed: one comparison, at C speed
                 continue
@@ -151,11 +151,11 @@ class BlockDeltaEncoder:
                 copies: dict[str, list[int]] = {}
                 for group, ids in lists.items():
                     before = None if old is None else old.get(group)
-                    if before is not None and type(ids) is list and ids == before:
+                    if before is not None and type(ids) is list and _same(ids, before):
                         copies[group] = before  # the encoder's own copy, unchanged
                         continue
                     copies[group] = current = _id_copy(ids)
-                    ops = diff_ops(before, current)
+                    ops = _diff(before, current)
                     if ops:
                         entry[str(group)] = ops
                 new_held[request] = copies
@@ -164,7 +164,7 @@ class BlockDeltaEncoder:
             else:
                 current = _id_copy(lists)
                 new_held[request] = current
-                ops = diff_ops(old, current)
+                ops = _diff(old, current)
                 if ops:
                     rows[request] = ops
         self._held = new_held
@@ -191,6 +191,25 @@ def check_batch(request_ids: object, block_lists: object) -> None:
         )
     if len(set(request_ids)) != len(request_ids):
         raise BlockprepValueError("request ids must be unique within a batch")
+
+
+def _diff(old: list[int] | None, new: list[Any]) -> Ops:
+    """:func:`diff_ops`; where comparing an id raises, the ids' check (:func:`_plain`) says
+    which id is no integer."""
+    try:
+        return diff_ops(old, new)
+    except Exception:
+        _plain(new)
+        raise
+
+
+def _same(new: object, held: object) -> bool:
+    """Whether ``new == held`` (the encoder's own copy); an id whose comparison raises is not
+    the held id (the table kernel's rule), and the copy then checks it."""
+    try:
+        return bool(new == held)
+    except Exception:
+        return False
 
 
 def _plain_lists(lists: object) -> bool:

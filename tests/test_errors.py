@@ -15,7 +15,9 @@ from test_runtime_executors import deepseek_setup
 import blockprep
 from blockprep import BlockprepError, DecodeBatch
 from blockprep.adapters.deepseek import DeepSeekV4DecodePreparer, DeepSeekV4Layout
+from blockprep.adapters.deepseek.layout import GROUP_NAMES
 from blockprep.adapters.qwen import QwenDecodePreparer
+from blockprep.adapters.vllm import VllmBlockTable
 from blockprep.grouped import GroupedTables, TableGroup
 from blockprep.testing import DeepSeekV4SchedulerSim
 from blockprep.wire import BlockDeltaEncoder, DeltaCursor, apply_ops
@@ -60,6 +62,82 @@ def grouped() -> GroupedTables:
     return GroupedTables([GROUP], 1)
 
 
+class EqRaises:
+    """A value whose ``==`` raises (and so cannot be hashed either)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ZeroDivisionError("a comparison that fails")
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class IndexRaises:
+    """A value whose ``__index__`` raises."""
+
+    def __index__(self) -> int:
+        raise ZeroDivisionError("an __index__ that fails")
+
+
+class HashRaises:
+    def __hash__(self) -> int:
+        raise ZeroDivisionError("a hash that fails")
+
+
+def held_table() -> blockprep.BlockTable:
+    table = blockprep.BlockTable(2, 4)
+    table.write_row(0, [1, 2, 3])
+    return table
+
+
+def sent_encoder() -> BlockDeltaEncoder:
+    encoder = BlockDeltaEncoder()
+    encoder.encode(["a"], [[1, 2]])
+    return encoder
+
+
+def held_grouped() -> GroupedTables:
+    tables = GroupedTables([GROUP], 1)
+    tables.commit(tables.plan([[[1]]], ["a"]), 0)
+    return tables
+
+
+def deepseek_batch(request_id: object = "a", ids: object = 1) -> DecodeBatch:
+    groups = {name: [ids if name == "ori" else 1] for name in GROUP_NAMES}
+    return DecodeBatch(
+        request_ids=[request_id],
+        token_ids=torch.tensor([42]),
+        hidden_states=None,
+        seq_lens=torch.tensor([9]),
+        block_ids_by_group=[groups],
+        cache_partitions=[1],
+    )
+
+
+def vllm_table() -> VllmBlockTable:
+    table = VllmBlockTable(16, 2, 4, 8)
+    table.add_row([1, 2], 0)
+    return table
+
+
+HOSTILE: list[tuple[str, Callable[[], object], type[Exception]]] = [
+    ("hostile eq id", lambda: held_table().write_row(0, [1, EqRaises(), 3]), TypeError),
+    ("hostile index row", lambda: held_table().write_row(IndexRaises(), [1]), TypeError),  # type: ignore[arg-type]
+    ("hostile index length", lambda: held_table().truncate(0, IndexRaises()), TypeError),  # type: ignore[arg-type]
+    ("huge max_blocks", lambda: blockprep.paged_block_table([[1]], max_blocks=2**70), ValueError),
+    ("hostile eq encoder", lambda: sent_encoder().encode(["a"], [[1, EqRaises()]]), TypeError),
+    ("hostile eq key", lambda: held_grouped().plan([[[1]]], [EqRaises()]), TypeError),
+    ("hostile hash key", lambda: held_grouped().plan([[[1]]], [HashRaises()]), TypeError),
+    ("hostile vllm finished", lambda: vllm_table().apply_step(finished=[EqRaises()]), TypeError),  # type: ignore[list-item]
+    (
+        "hostile deepseek id",
+        lambda: deepseek().prepare(deepseek_batch(ids=IndexRaises())),
+        TypeError,
+    ),
+    ("hostile deepseek request", lambda: deepseek().prepare(deepseek_batch(EqRaises())), TypeError),
+]
+"""Values whose ``==``, hash or ``__index__`` raise, or an int past every size: the refusal is
+the ``BlockprepError`` of the value's place, never the callback's own exception."""
+
 MORE: list[tuple[str, Callable[[], object], type[Exception]]] = [
     ("grouped id over limit", lambda: grouped().plan([[[11]]], ["a"]), ValueError),
     ("grouped float id", lambda: grouped().plan([[[1.5]]], ["a"]), TypeError),
@@ -91,7 +169,9 @@ MORE: list[tuple[str, Callable[[], object], type[Exception]]] = [
 
 
 @pytest.mark.parametrize(
-    ("name", "call", "error"), BAD_CALLS + MORE, ids=[c[0] for c in BAD_CALLS + MORE]
+    ("name", "call", "error"),
+    BAD_CALLS + MORE + HOSTILE,
+    ids=[c[0] for c in BAD_CALLS + MORE + HOSTILE],
 )
 def test_every_bad_input_error_is_a_blockprep_error(
     name: str, call: Callable[[], object], error: type[Exception]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace as _replace
 from typing import Any
@@ -11,7 +12,7 @@ import numpy.typing as npt
 
 from blockprep.adapters.deepseek.layout import DeepSeekV4Layout
 from blockprep.batch import DecodeBatch
-from blockprep.errors import BlockprepValueError
+from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.ids import as_int
 
 
@@ -37,13 +38,13 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
     """Rank and local row of every request (seed-semantics 6.1, upstream's messages), reusing
     ``cached`` (the previous batch's) when the partitions are the same."""
     request_ids, partitions = batch.request_ids, batch.cache_partitions
-    if cached is not None and partitions == cached.partitions:
-        if request_ids == cached.request_ids:
+    if cached is not None and _equal(partitions, cached.partitions):
+        if _equal(request_ids, cached.request_ids):
             return cached
         if len(request_ids) == len(partitions):  # the same places, other requests
             A = len(request_ids)
             now = [request_ids[q] if q < A else None for q in cached.perm]
-            row_of = dict(zip(request_ids, cached.request_rows.tolist(), strict=True))
+            row_of = _rows_by_id(request_ids, cached.request_rows.tolist())
             return _replace(cached, request_ids=list(request_ids), occupants=now, row_of=row_of)
     A = len(request_ids)
     if A <= 0:
@@ -88,8 +89,28 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
         np.array(source, dtype=np.intp),
         np.array(rows, dtype=np.intp),
         R * b == A and perm == list(range(R * b)),
-        dict(zip(ids, rows, strict=True)),
+        _rows_by_id(ids, rows),
     )
+
+
+def _equal(a: object, b: object) -> bool:
+    """Whether ``a == b``; a request id or partition whose comparison raises is no match (the
+    assignment is then made anew, and checks it)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+def _rows_by_id(request_ids: Sequence[Any], rows: Sequence[int]) -> dict[Any, int]:
+    """Each request id's table row; a request id that cannot be hashed or compared is refused."""
+    try:
+        return dict(zip(request_ids, rows, strict=True))
+    except Exception as error:
+        raise BlockprepTypeError(
+            f"DeepSeekV4 decode request ids must hash and compare, got one that raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
 
 
 def _partition_index(partition: object) -> int:

@@ -57,7 +57,7 @@ def _integer_values(ids: Sequence[Any]) -> list[int]:
     for x in ids:
         try:
             value = operator.index(x)
-        except TypeError:
+        except Exception:  # no integer (an __index__ that raises included)
             if not isinstance(x, (float, np.floating)) or not float(x).is_integer():
                 continue
             value = int(x)

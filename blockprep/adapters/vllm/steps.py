@@ -122,16 +122,17 @@ def step_deltas(
 ) -> tuple[dict[int, int], dict[int, Any], list[tuple[int, int]]]:
     """One group's step as ``apply_deltas`` arguments (``{row: 0}`` truncations, ``{row: ids}``
     appends) and the moves, whose rows are checked here: ``apply_deltas`` checks the rest."""
-    truncate = dict.fromkeys(iterable(finished, "finished", "an iterable of rows"), 0)
+    rows = iterable(finished, "finished", "an iterable of rows")
+    truncate = dict.fromkeys([_row(table, row) for row in rows], 0)
     append: dict[int, Any] = {}
     for row, ids in appended:
-        if row in append:
+        if _row(table, row) in append:
             raise BlockprepValueError(f"block-table row {row} appears more than once in appended")
         if ids is not None:
             append[row] = ids
     replaced: set[int] = set()
     for row, ids in added:
-        if row in replaced:
+        if _row(table, row) in replaced:
             raise BlockprepValueError(f"block-table row {row} appears more than once in added")
         if row in append:
             raise BlockprepValueError(f"block-table row {row} appears in both appended and added")
@@ -139,6 +140,14 @@ def step_deltas(
         truncate[row] = 0
         append[row] = ids
     return truncate, append, checked_moves(table, moves)
+
+
+def _row(table: BlockTable, row: object) -> int:
+    """``row``, a row of ``table``: the table's ``TypeError`` or ``IndexError`` otherwise (before
+    it is hashed or compared: a row object may do anything there)."""
+    if type(row) is not int or not 0 <= row < table.num_rows:
+        table.cached_ids(row)  # type: ignore[arg-type]  # raises, naming the row
+    return row  # type: ignore[return-value]
 
 
 def checked_moves(table: BlockTable, moves: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
