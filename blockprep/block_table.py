@@ -370,6 +370,10 @@ class BlockTable:
         source of unknown ids is copied cell by cell, and its copies are unknown too.
         """
         src = self._row_index(src)
+        if isinstance(dst_rows, (str, bytes)) or not isinstance(dst_rows, Iterable):
+            raise BlockprepTypeError(
+                f"dst_rows must be an iterable of rows, got {type(dst_rows).__name__}"
+            )
         targets = [dst for dst in map(self._row_index, dst_rows) if dst != src]
         if not targets:
             return 0

@@ -131,7 +131,7 @@ class BlockDeltaEncoder:
                 old is not None
                 and type(lists) is type(old)
                 and _plain_lists(lists)
-                and _same(lists, old)
+                and same_ids(lists, old)
             ):
                 new_held[request] = old  # nothing changed: one comparison, at C speed
                 continue
@@ -151,7 +151,7 @@ class BlockDeltaEncoder:
                 copies: dict[str, list[int]] = {}
                 for group, ids in lists.items():
                     before = None if old is None else old.get(group)
-                    if before is not None and type(ids) is list and _same(ids, before):
+                    if before is not None and type(ids) is list and same_ids(ids, before):
                         copies[group] = before  # the encoder's own copy, unchanged
                         continue
                     copies[group] = current = _id_copy(ids)
@@ -189,7 +189,14 @@ def check_batch(request_ids: object, block_lists: object) -> None:
         raise BlockprepValueError(
             f"{len(request_ids)} request ids for {len(block_lists)} block lists"
         )
-    if len(set(request_ids)) != len(request_ids):
+    try:
+        unique = len(set(request_ids)) == len(request_ids)
+    except Exception as error:  # a request id that cannot be hashed or compared
+        raise BlockprepTypeError(
+            f"request ids must hash and compare, got one that raised {type(error).__name__}: "
+            f"{error}"
+        ) from error
+    if not unique:
         raise BlockprepValueError("request ids must be unique within a batch")
 
 
@@ -203,9 +210,9 @@ def _diff(old: list[int] | None, new: list[Any]) -> Ops:
         raise
 
 
-def _same(new: object, held: object) -> bool:
-    """Whether ``new == held`` (the encoder's own copy); an id whose comparison raises is not
-    the held id (the table kernel's rule), and the copy then checks it."""
+def same_ids(new: object, held: object) -> bool:
+    """Whether ``new == held`` (an encoder's own copy); an id whose comparison raises is not the
+    held id (the table kernel's rule), and the encoder's id check then refuses it."""
     try:
         return bool(new == held)
     except Exception:
@@ -386,7 +393,7 @@ def apply_ops(ops: object, held: list[Any] | None) -> list[Any]:
         raise DeltaMessageError("block delta ops must be a non-empty list")
     ids = held
     for op in ops:
-        tag = op[0] if isinstance(op, list) and op else None
+        tag = tag_of(op)
         if ids is None and tag != WHOLE:
             raise DeltaMessageError("a request new to the worker must come with its whole list")
         if tag == WHOLE and len(op) == 2:
@@ -401,6 +408,26 @@ def apply_ops(ops: object, held: list[Any] | None) -> list[Any]:
             raise DeltaMessageError(f"unknown block delta operation {op!r}")
     assert ids is not None
     return ids
+
+
+def tag_of(op: object) -> str | None:
+    """The operation a list ``op`` names: its first item, a ``str`` (a subclass compared by
+    value) equal to one of the tags; ``None`` for anything else (no ``__eq__`` of the caller's
+    runs, so a tag that is no str is an unknown operation, never the tag's own error)."""
+    if not isinstance(op, list) or not op:
+        return None
+    return _tag(op[0])
+
+
+def _tag(tag: object) -> str | None:
+    if type(tag) is str:
+        return tag if tag in _TAGS else None
+    if isinstance(tag, str):
+        return next((name for name in _TAGS if str.__eq__(tag, name)), None)
+    return None
+
+
+_TAGS = (WHOLE, APPEND, SET, TRUNCATE)
 
 
 def set_positions(ids: list[Any], positions: object, values: object) -> list[Any]:

@@ -18,6 +18,7 @@ from blockprep.adapters.deepseek import DeepSeekV4DecodePreparer, DeepSeekV4Layo
 from blockprep.adapters.deepseek.layout import GROUP_NAMES
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.adapters.vllm import VllmBlockTable
+from blockprep.events import PackedDeltaEncoder
 from blockprep.grouped import GroupedTables, TableGroup
 from blockprep.testing import DeepSeekV4SchedulerSim
 from blockprep.wire import BlockDeltaEncoder, DeltaCursor, apply_ops
@@ -95,6 +96,12 @@ def sent_encoder() -> BlockDeltaEncoder:
     return encoder
 
 
+def sent_packed() -> PackedDeltaEncoder:
+    encoder = PackedDeltaEncoder()
+    encoder.encode(["a"], [[1, 2]])
+    return encoder
+
+
 def held_grouped() -> GroupedTables:
     tables = GroupedTables([GROUP], 1)
     tables.commit(tables.plan([[[1]]], ["a"]), 0)
@@ -134,6 +141,10 @@ HOSTILE: list[tuple[str, Callable[[], object], type[Exception]]] = [
         TypeError,
     ),
     ("hostile deepseek request", lambda: deepseek().prepare(deepseek_batch(EqRaises())), TypeError),
+    ("hostile op tag", lambda: apply_ops([[EqRaises(), [1]]], [1]), ValueError),
+    ("hostile request id", lambda: BlockDeltaEncoder().encode([EqRaises()], [[1]]), TypeError),
+    ("hostile packed id", lambda: sent_packed().encode(["a"], [[1, EqRaises()]]), TypeError),
+    ("fill_rows no rows", lambda: held_table().fill_rows(0, 5), TypeError),  # type: ignore[arg-type]
 ]
 """Values whose ``==``, hash or ``__index__`` raise, or an int past every size: the refusal is
 the ``BlockprepError`` of the value's place, never the callback's own exception."""

@@ -19,32 +19,17 @@ int bk_init_tags(void)
 }
 enum { OP_W, OP_A, OP_S, OP_T, OP_BAD };
 
-/* The tag of op as apply_ops reads it (op[0] == "w", ...); -1 with an exception. */
+/* The tag of op as wire.tag_of reads it: op[0], a str (a subclass compared by value) equal to
+ * "w", "a", "s" or "t"; OP_BAD for anything else (no __eq__ of the caller's runs). */
 static int op_tag(PyObject *op)
 {
     if (!PyList_Check(op) || PyList_GET_SIZE(op) == 0)
         return OP_BAD;
     PyObject *tag = PyList_GET_ITEM(op, 0);
-    int found = OP_BAD;
-    Py_INCREF(tag); /* held: its __eq__ may empty op */
-    for (int t = 0; t < 4 && found == OP_BAD; t++) {
-        if (tag == TAGS[t]) {
-            found = t;
-        } else if (PyUnicode_CheckExact(tag)) {
-            if (PyUnicode_Compare(tag, TAGS[t]) == 0)
-                found = t;
-        } else {
-            int eq = PyObject_RichCompareBool(tag, TAGS[t], Py_EQ);
-            if (eq < 0)
-                found = -1;
-            else if (eq)
-                found = t;
-            if (eq < 0)
-                break;
-        }
-    }
-    Py_DECREF(tag);
-    return found;
+    for (int t = 0; t < 4; t++)
+        if (tag == TAGS[t] || (PyUnicode_Check(tag) && PyUnicode_Compare(tag, TAGS[t]) == 0))
+            return t;
+    return OP_BAD;
 }
 
 /* Cells [from, n) of s->objs set to new references to the items of ids (an exact list). */
@@ -74,10 +59,8 @@ static int apply_ops(Scratch *s, PyObject *ops, Py_ssize_t *n)
         PyObject *op = PyList_GET_ITEM(ops, i);
         Py_INCREF(op);
         int tag = op_tag(op), status = 0;
-        Py_ssize_t size = tag < 0 || tag == OP_BAD ? 0 : PyList_GET_SIZE(op);
-        if (tag < 0) {
-            status = -1;
-        } else if (*n < 0 && tag != OP_W) {
+        Py_ssize_t size = tag == OP_BAD ? 0 : PyList_GET_SIZE(op);
+        if (*n < 0 && tag != OP_W) {
             status = 1;
         } else if ((tag == OP_W || tag == OP_A) && size == 2) {
             PyObject *ids = PyList_GET_ITEM(op, 1);
@@ -200,11 +183,9 @@ static int check_set_ids(PyObject *ops, Py_ssize_t r, PyObject *convert, PyObjec
         if (!PyList_Check(op) || PyList_GET_SIZE(op) < 2)
             continue;
         Py_INCREF(op);
-        int tag = op_tag(op); /* may run a tag's __eq__: op is read again after it */
-        PyObject *ids = PyList_GET_SIZE(op) >= 2 ? PyList_GET_ITEM(op, PyList_GET_SIZE(op) - 1)
-                                                 : NULL;
-        int status = tag < 0 ? -1 : 0;
-        if ((tag == OP_A || tag == OP_S) && ids && PyList_CheckExact(ids)) {
+        int tag = op_tag(op), status = 0;
+        PyObject *ids = PyList_GET_ITEM(op, PyList_GET_SIZE(op) - 1); /* it holds two or more */
+        if ((tag == OP_A || tag == OP_S) && PyList_CheckExact(ids)) {
             Py_INCREF(ids);
             for (Py_ssize_t j = 0; status == 0 && j < PyList_GET_SIZE(ids); j++) {
                 PyObject *x = PyList_GET_ITEM(ids, j);

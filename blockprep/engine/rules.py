@@ -77,7 +77,7 @@ def check_set_ids(ops: list[Any], r: int, convert: Callable[[object], int | None
     for op in ops:
         if not isinstance(op, list) or len(op) < 2:
             continue
-        tag = tag_of(op)  # may run a tag's __eq__: op is read again after it
+        tag = wire.tag_of(op)
         ids = op[-1] if len(op) >= 2 else None
         if (
             tag in (wire.APPEND, wire.SET)
@@ -87,17 +87,6 @@ def check_set_ids(ops: list[Any], r: int, convert: Callable[[object], int | None
             for x in ids:
                 if type(x) is not int and type(convert(x)) is not int:
                     return (TYPE, r, x)
-    return None
-
-
-def tag_of(op: list[Any]) -> str | None:
-    """The operation ``op`` names, compared in the order apply_ops compares."""
-    if not op:
-        return None
-    tag = op[0]
-    for name in (wire.WHOLE, wire.APPEND, wire.SET, wire.TRUNCATE):
-        if tag == name:
-            return name
     return None
 
 

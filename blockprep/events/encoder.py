@@ -26,6 +26,7 @@ from blockprep.wire import (
     _plain,
     check_batch,
     diff_ops,
+    same_ids,
 )
 
 _KINDS = {WHOLE: WHOLE_RECORD, APPEND: APPEND_RECORD, SET: SET_RECORD, TRUNCATE: TRUNCATE_RECORD}
@@ -89,12 +90,12 @@ class PackedDeltaEncoder:
         for row, (request, lists) in enumerate(zip(request_ids, block_lists, strict=True)):
             old = held.get(request)
             if old is not None and (  # nothing changed: one comparison at C speed
-                (type(lists) is list and lists == old)
+                (type(lists) is list and same_ids(lists, old))
                 if names is None
                 else (
                     type(lists) is dict
                     and list(map(type, lists.values())) == types
-                    and lists == old
+                    and same_ids(lists, old)
                 )
             ):
                 new_held[request] = old
@@ -157,10 +158,14 @@ def _row(
     """One row's records (group ``g`` of batch row ``row``) packed into ``out``: the list the
     encoder holds for it afterwards (``old`` itself, changed by ``changes`` at the end, or a new
     copy) and how many records."""
-    if old is not None and type(ids) is list and ids == old:
+    if old is not None and type(ids) is list and same_ids(ids, old):
         return old, 0
     new = ids if type(ids) is list else _id_copy(ids)
-    ops = diff_ops(old, new, lambda values: _checked(values, request, group))
+    try:
+        ops = diff_ops(old, new, lambda values: _checked(values, request, group))
+    except Exception:  # an id whose comparison raises: the id check names it
+        _checked(new, request, group)
+        raise
     for op in ops:
         tag = op[0]
         kind = _KINDS[tag]
