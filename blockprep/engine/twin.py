@@ -37,6 +37,15 @@ the slot marks say what to write: the positions that differ (a ring slot is the 
 ``p, p + n, ...``; a paged position one cell, ``pad`` past the ids), at most ``MAX_POSITIONS`` of
 them; else a paged range ``[lo, hi)``; else the whole row.
 
+Callbacks (an id's ``__eq__``, ``convert``) may run any code, so their order is part of the rules,
+and the compiled kernel runs the same ones in the same order: a step of every row by id lists,
+when every row is a list and every src an int, first compares each row's list with what it held
+(``ids != held``, row by row, as Python compares lists); then it visits the rows that differ or
+moved, in order. A visited row that stays is compared once more (``ids == held``) and, if it
+differs, walked id by id: an id that is no exact int compared with the held id at its position,
+then converted unless equal. A row changed by a callback while it is planned is refused
+(``RuntimeError``); an op's tag is read without a callback (a str, or an unknown operation).
+
 Besides steps: :meth:`GroupKernel.clear` makes rows hold no ids (a *cleared* row: every cell
 ``pad``, ring or paged; a ring row can hold no ids only this way), :meth:`GroupKernel.forget`
 makes rows unknown without marking them (their cells are left as they are, and a later change
