@@ -17,7 +17,9 @@ seeds (no example database), and counts the steps it ran:
   Python ``BlockDeltaEncoder`` step on the same batches, odd ids and requests included;
 - callbacks (``_callback_step``, ``_callback_ops_step``): ids whose ``__eq__``, and converts that,
   change the step's lists or raise, by value and by ops: both kernels must run the same callbacks
-  and end alike.
+  and end alike;
+- the faces (``faces_trace``): two ``GroupedTables``, one on each kernel, on DeepSeek-shaped
+  traces with faults injected: the same buffers, counters and errors after every step.
 
 A divergence stops the campaign with the machine's shrunk counterexample and exit status 1. Under
 AddressSanitizer, build the kernel with ``CFLAGS="-fsanitize=address"`` and run this with
@@ -31,6 +33,7 @@ import random
 import sys
 import time
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
@@ -80,19 +83,36 @@ def run_callbacks(steps: int) -> int:
     return steps // 2 * 2
 
 
+def run_faces(steps: int) -> int:
+    """Traces of two ``GroupedTables`` faces, one on each kernel (DeepSeek-shaped groups,
+    requests coming, going and moving, faults injected, batches through a pickle round trip), on
+    fresh seeds of 300 steps each, until ``steps`` steps ran; the steps."""
+    done = 0
+    while done < steps:
+        seed = random.randrange(2**32)
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            engine.faces_trace(monkeypatch, seed, 300)
+        done += 300
+    print(f"faces: {done:,} steps", flush=True)
+    return done
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel-steps", type=int, default=680_000)
     parser.add_argument("--encoder-steps", type=int, default=600_000)
     parser.add_argument("--callback-steps", type=int, default=200_000)
+    parser.add_argument("--face-steps", type=int, default=30_000)
     args = parser.parse_args(argv)
     start = time.monotonic()
     kernel = run_machine(engine.KernelPair, args.kernel_steps, 30, "kernel pair")
     encoder = run_machine(differ.DifferMachine, args.encoder_steps, 40, "encoders")
     callbacks = run_callbacks(args.callback_steps)
+    face_steps = run_faces(args.face_steps)
     print(
         f"0 divergences: {kernel:,} kernel steps, {encoder:,} encoder steps, "
-        f"{callbacks:,} callback steps, {time.monotonic() - start:.0f} s"
+        f"{callbacks:,} callback steps, {face_steps:,} face steps, "
+        f"{time.monotonic() - start:.0f} s"
     )
 
 

@@ -592,6 +592,11 @@ def test_faces_agree_on_a_long_wire_trace(monkeypatch: pytest.MonkeyPatch) -> No
     """A DeepSeek V4-shaped trace (rings and paged groups, requests coming, going and moving,
     every batch through a pickle round trip), by value and with a fault injected now and then:
     both faces hold the same buffers after every step and raise the same errors."""
+    faces_trace(monkeypatch, 7, 300)
+
+
+def faces_trace(monkeypatch: pytest.MonkeyPatch, seed: int, steps: int) -> None:
+    """:func:`test_faces_agree_on_a_long_wire_trace`'s trace of ``steps`` steps from ``seed``."""
     groups = [
         grouped.TableGroup("ring4", "ring", 64, id_limit=500, min_ids=1),
         grouped.TableGroup("ring65", "ring", 512, id_limit=5000),
@@ -599,11 +604,11 @@ def test_faces_agree_on_a_long_wire_trace(monkeypatch: pytest.MonkeyPatch) -> No
     ]
     num_rows, slots = 12, 2
     pair = faces(monkeypatch, groups, num_rows, slots=slots)
-    rng = random.Random(7)
+    rng = random.Random(seed)
     lengths = (4, 65, 0)
     requests: dict[int, list[list[int]]] = {}
     next_key = 0
-    for step in range(300):
+    for step in range(steps):
         for key in list(requests):  # churn
             if rng.random() < 0.03:
                 del requests[key]
