@@ -393,7 +393,9 @@ def apply_ops(ops: object, held: list[Any] | None) -> list[Any]:
         raise DeltaMessageError("block delta ops must be a non-empty list")
     ids = held
     for op in ops:
-        tag = tag_of(op)
+        tag = op[0] if isinstance(op, list) and op else None
+        if type(tag) is not str:  # read without a callback (tag_of)
+            tag = _tag(tag)
         if ids is None and tag != WHOLE:
             raise DeltaMessageError("a request new to the worker must come with its whole list")
         if tag == WHOLE and len(op) == 2:
