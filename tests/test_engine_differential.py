@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import pickle
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -817,66 +818,99 @@ def _act(action: str, target: list[Any] | None, step: list[Any]) -> None:
 _ACTIONS = ["none", "none", "raise", "clear", "pop", "append", "set", "swap"]
 
 
+class _CallbackStep:
+    """A kernel made from ``rng`` (and warmed by ``warm`` steps, drawn when ``None``), and a
+    step's id lists planted with ids whose ``__eq__`` may change them or the step, or raise."""
+
+    def __init__(self, kernel: type, rng: random.Random, warm: int | None) -> None:
+        self.rng = rng
+        ring = rng.random() < 0.3
+        self.width, self.limit = rng.randint(1, 8), rng.randint(4, 30)
+        self.rows = rows = rng.randint(1, 5)
+        self.shortest = min(self.width, 1 if ring else rng.randint(0, 2))
+        distinct = rng.random() < 0.5
+        pad = rng.choice([0, -1])
+        self.k = kernel(
+            ring, self.width, self.limit, self.shortest, pad, rows, 1, distinct=distinct
+        )
+        self.table = np.zeros((rows, self.width), np.int32)
+        self.counts = np.zeros((rows, 1), np.int32)
+        self.log: list[Any] = []
+        for _ in range(rng.randint(0, 2) if warm is None else warm):
+            plan, _ = self.k.stage(
+                None, [self.ids() for _ in range(rows)], list(range(rows)), _convert
+            )
+            if plan is not None:
+                self.k.commit(plan, 0, self.table, self.counts, 0, False)
+
+    def ids(self, shortest: int | None = None) -> list[int]:
+        rng = self.rng
+        n = rng.randint(self.shortest if shortest is None else shortest, self.width)
+        return [rng.randrange(self.limit) for _ in range(n)]
+
+    def plant(self, id_lists: list[list[Any]], step: list[Any], rate: float) -> None:
+        """Some ids of ``id_lists`` become :class:`_Callback` ids, each acting on one of
+        ``id_lists``, on ``step`` or on nothing."""
+        rng, callbacks = self.rng, []
+        for ids in id_lists:
+            for p in range(len(ids)):
+                if rng.random() < rate:
+                    ids[p] = _Callback(self.log, ids[p], rng.choice(_ACTIONS), step)
+                    callbacks.append(ids[p])
+        for callback in callbacks:
+            callback.target = rng.choice([*id_lists, step, None])
+
+    def outcome(
+        self, id_lists: list[Any], step: list[Any], stage: Callable[[Any], Any]
+    ) -> tuple[Any, ...]:
+        """``stage(convert)`` with a convert that may act as a callback id does, its plan
+        committed; everything observable afterwards."""
+        rng, log = self.rng, self.log
+        action, target = rng.choice([*_ACTIONS, *["none"] * 4]), rng.choice([*id_lists, step, None])
+
+        def convert(x: object) -> int | None:
+            log.append(("convert", repr(x)))
+            _act(action, target, step)
+            if action == "raise":
+                raise ValueError("a convert that fails")
+            return _convert(x)
+
+        k = self.k
+        try:
+            plan, fault = stage(convert)
+            out: Any = ("fault", None if fault is None else (*fault[:2], repr(fault[2])))
+            if plan is not None:
+                k.commit(plan, 0, self.table, self.counts, 0, False)
+        except Exception as error:  # the exception is what is compared
+            out = ("raised", type(error).__name__, str(error))
+        held = [k.held(r) for r in range(self.rows)]
+        return out, held, self.table.tolist(), repr(log), repr(step)
+
+
 def _callback_step(kernel: type, seed: int) -> tuple[Any, ...]:
     """One kernel made, warmed and given a step whose ids' ``__eq__`` (and whose convert) may
     change the step's lists or raise; everything observable afterwards."""
-    rng = random.Random(seed)
-    ring = rng.random() < 0.3
-    width, limit, rows = rng.randint(1, 8), rng.randint(4, 30), rng.randint(1, 5)
-    shortest = min(width, 1 if ring else rng.randint(0, 2))
-    distinct = rng.random() < 0.5
-    k = kernel(ring, width, limit, shortest, rng.choice([0, -1]), rows, 1, distinct=distinct)
-    table, counts = np.zeros((rows, width), np.int32), np.zeros((rows, 1), np.int32)
-    for _ in range(rng.randint(0, 2)):
-        warm = [
-            [rng.randrange(limit) for _ in range(rng.randint(shortest, width))] for _ in range(rows)
-        ]
-        plan, _ = k.stage(None, warm, list(range(rows)), _convert)
-        if plan is not None:
-            k.commit(plan, 0, table, counts, 0, False)
-    log: list[Any] = []
+    world = _CallbackStep(kernel, random.Random(seed), None)
+    rng, rows = world.rng, world.rows
     lists: list[Any] = []
     for r in range(rows):
-        held = k.held(r)
+        held = world.k.held(r)
         if held is not None and rng.random() < 0.6:
             ids = list(held)
             if ids and rng.random() < 0.5:
-                ids[rng.randrange(len(ids))] = rng.randrange(limit)
-            if rng.random() < 0.3 and len(ids) < width:
-                ids.append(rng.randrange(limit))
+                ids[rng.randrange(len(ids))] = rng.randrange(world.limit)
+            if rng.random() < 0.3 and len(ids) < world.width:
+                ids.append(rng.randrange(world.limit))
         else:
-            ids = [rng.randrange(limit) for _ in range(rng.randint(shortest, width))]
+            ids = world.ids()
         lists.append(ids)
-    callbacks = []
-    for ids in lists:
-        for p in range(len(ids)):
-            if rng.random() < 0.15:
-                ids[p] = _Callback(log, ids[p], rng.choice(_ACTIONS), lists)
-                callbacks.append(ids[p])
-    for callback in callbacks:
-        callback.target = rng.choice([*lists, lists, None])
+    world.plant(lists, lists, 0.15)
     visit = None if rng.random() < 0.67 else rng.sample(range(rows), rng.randint(1, rows))
     items = lists if visit is None else [lists[r] for r in visit]
     srcs = [
         r if rng.random() < 0.8 else rng.choice([PADDING, NEW, *range(rows)]) for r in range(rows)
     ]
-    action, target = rng.choice([*_ACTIONS, *["none"] * 4]), rng.choice([*lists, lists, None])
-
-    def convert(x: object) -> int | None:
-        log.append(("convert", repr(x)))
-        _act(action, target, lists)
-        if action == "raise":
-            raise ValueError("a convert that fails")
-        return _convert(x)
-
-    try:
-        plan, fault = k.stage(visit, items, srcs, convert)
-        out: Any = ("fault", None if fault is None else (*fault[:2], repr(fault[2])))
-        if plan is not None:
-            k.commit(plan, 0, table, counts, 0, False)
-    except Exception as error:  # the exception is what is compared
-        out = ("raised", type(error).__name__, str(error))
-    return out, [k.held(r) for r in range(rows)], table.tolist(), repr(log), repr(lists)
+    return world.outcome(lists, lists, lambda convert: world.k.stage(visit, items, srcs, convert))
 
 
 def test_callbacks_that_change_the_step_run_alike() -> None:
@@ -884,7 +918,7 @@ def test_callbacks_that_change_the_step_run_alike() -> None:
     the step, swaps its rows, or raises: both kernels run the same callbacks in the same order
     (a step of every row compares each row with its held ids first, then stages the rows that
     differ, as the twin does), so they return the same fault or raise the same error, hold the
-    same ids, write the same table and leave the step's lists alike. 2,000 seeded steps; 271
+    same ids, write the same table and leave the step's lists alike. 2,000 seeded steps; 257
     of them diverged when the compiled kernel walked a step in one pass."""
     for seed in range(2000):
         c, py = _callback_step(compiled.GroupKernel, seed), _callback_step(twin.GroupKernel, seed)
@@ -894,63 +928,31 @@ def test_callbacks_that_change_the_step_run_alike() -> None:
 def _callback_ops_step(kernel: type, seed: int) -> tuple[Any, ...]:
     """:func:`_callback_step` with the step as wire ops (a whole list, an append, one set, or
     nothing per row), their ids' ``__eq__`` changing the ops' id lists or the step, or raising."""
-    rng = random.Random(seed)
-    ring = rng.random() < 0.3
-    width, limit, rows = rng.randint(1, 8), rng.randint(4, 30), rng.randint(1, 5)
-    shortest = min(width, 1 if ring else rng.randint(0, 2))
-    distinct = rng.random() < 0.5
-    k = kernel(ring, width, limit, shortest, rng.choice([0, -1]), rows, 1, distinct=distinct)
-    table, counts = np.zeros((rows, width), np.int32), np.zeros((rows, 1), np.int32)
-    warm = [
-        [rng.randrange(limit) for _ in range(rng.randint(shortest, width))] for _ in range(rows)
-    ]
-    plan, _ = k.stage(None, warm, list(range(rows)), _convert)
-    if plan is not None:
-        k.commit(plan, 0, table, counts, 0, False)
-    log: list[Any] = []
+    world = _CallbackStep(kernel, random.Random(seed), 1)
+    rng, rows = world.rng, world.rows
     items: list[Any] = []
     id_lists: list[list[Any]] = []
     for r in range(rows):
-        held = k.held(r) or []
+        held = world.k.held(r) or []
         kind = rng.choice(["a", "s", "w", "none"])
         ids: list[Any] = []
         op: Any = None
         if kind == "a":
-            ids = [rng.randrange(limit) for _ in range(rng.randint(0, 2))]
+            ids = [rng.randrange(world.limit) for _ in range(rng.randint(0, 2))]
             op = [["a", ids]]
         elif kind == "s" and held:
-            ids = [rng.randrange(limit)]
+            ids = [rng.randrange(world.limit)]
             op = [["s", [rng.randrange(len(held))], ids]]
         elif kind == "w":
-            ids = [rng.randrange(limit) for _ in range(rng.randint(shortest, width))]
+            ids = world.ids()
             op = [["w", ids]]
         id_lists.append(ids)
         items.append(op)
-    callbacks = []
-    for ids in id_lists:
-        for p in range(len(ids)):
-            if rng.random() < 0.25:
-                ids[p] = _Callback(log, ids[p], rng.choice(_ACTIONS), items)
-                callbacks.append(ids[p])
-    for callback in callbacks:
-        callback.target = rng.choice([*id_lists, items, None])
-    action, target = rng.choice([*_ACTIONS, *["none"] * 4]), rng.choice([*id_lists, items, None])
-
-    def convert(x: object) -> int | None:
-        log.append(("convert", repr(x)))
-        _act(action, target, items)
-        if action == "raise":
-            raise ValueError("a convert that fails")
-        return _convert(x)
-
-    try:
-        plan, fault = k.stage(list(range(rows)), items, list(range(rows)), convert, ops=True)
-        out: Any = ("fault", None if fault is None else (*fault[:2], repr(fault[2])))
-        if plan is not None:
-            k.commit(plan, 0, table, counts, 0, False)
-    except Exception as error:  # the exception is what is compared
-        out = ("raised", type(error).__name__, str(error))
-    return out, [k.held(r) for r in range(rows)], table.tolist(), repr(log), repr(items)
+    world.plant(id_lists, items, 0.25)
+    stay = list(range(rows))
+    return world.outcome(
+        id_lists, items, lambda convert: world.k.stage(stay, items, stay, convert, ops=True)
+    )
 
 
 def test_callbacks_in_ops_run_alike() -> None:

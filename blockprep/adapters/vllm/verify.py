@@ -79,27 +79,31 @@ class CallerLists:
     ) -> None:
         """The facade's ``apply_step``, its arguments read once (iterators included), then
         the lists and the check."""
-        finished = list(iterable(finished, "finished", "an iterable of rows"))
-        appended = list(step_items(appended, "appended"))
-        added = list(step_items(added, "added"))
-        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
-        type(self.facade).apply_step(
-            self.facade,
-            finished=finished,
-            appended=appended,
-            added=added,
-            moves=moves,
-            num_reqs=num_reqs,
-        )
+        self.record_step(*applied_step(self.facade, finished, appended, added, moves, num_reqs))
+        self.check()
+
+    def record_step(
+        self,
+        finished: list[int],
+        appended: list[tuple[int, Any]],
+        added: list[tuple[int, Any]],
+        moves: list[tuple[int, int]],
+        group: int | None = None,
+    ) -> None:
+        """A step's rows in the lists (``group``: each row's ids are one list per group, this
+        group's taken)."""
+
+        def ids_of(ids: Any) -> list[int]:
+            return _ints(ids if group is None else ids[group])
+
         for row in finished:
             self.lists[row] = []
         for row, ids in appended:
             if ids is not None:
-                self.lists[row] += _ints(ids)
+                self.lists[row] += ids_of(ids)
         for row, ids in added:
-            self.lists[row] = _ints(ids)
+            self.lists[row] = ids_of(ids)
         self.moved(moves)
-        self.check()
 
     def apply_packed(
         self,
@@ -190,27 +194,9 @@ class GroupCallerLists:
     ) -> None:
         """The tables' ``apply_step``, its arguments read once, then each group's lists and
         the check."""
-        finished = list(iterable(finished, "finished", "an iterable of rows"))
-        appended = list(step_items(appended, "appended"))
-        added = list(step_items(added, "added"))
-        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
-        type(self.facade).apply_step(
-            self.facade,
-            finished=finished,
-            appended=appended,
-            added=added,
-            moves=moves,
-            num_reqs=num_reqs,
-        )
+        step = applied_step(self.facade, finished, appended, added, moves, num_reqs)
         for g, group in enumerate(self.groups):
-            for row in finished:
-                group.lists[row] = []
-            for row, ids in appended:
-                if ids is not None:
-                    group.lists[row] += _ints(ids[g])
-            for row, ids in added:
-                group.lists[row] = _ints(ids[g])
-            group.moved(moves)
+            group.record_step(*step, group=g)
         self.check()
 
     def apply_packed(
@@ -237,6 +223,33 @@ class GroupCallerLists:
     def check(self) -> None:
         for group in self.groups:
             group.check()
+
+
+def applied_step(
+    facade: Any,
+    finished: Iterable[int],
+    appended: Any,
+    added: Any,
+    moves: Iterable[tuple[int, int]],
+    num_reqs: int | None,
+) -> tuple[list[int], list[tuple[int, Any]], list[tuple[int, Any]], list[tuple[int, int]]]:
+    """``facade``'s own ``apply_step`` of the arguments, each read once (iterators included);
+    the lists it read."""
+    step = (
+        list(iterable(finished, "finished", "an iterable of rows")),
+        list(step_items(appended, "appended")),
+        list(step_items(added, "added")),
+        list(iterable(moves, "moves", "(src, tgt) pairs")),
+    )
+    type(facade).apply_step(
+        facade,
+        finished=step[0],
+        appended=step[1],
+        added=step[2],
+        moves=step[3],
+        num_reqs=num_reqs,
+    )
+    return step
 
 
 def install(facade: Any, lists: CallerLists | GroupCallerLists) -> None:
