@@ -239,15 +239,19 @@ static inline Py_ssize_t held_prefix(PyObject *lst, Py_ssize_t p, Py_ssize_t n,
     return n;
 }
 
+#define SAME_SWALLOW 1 /* same_as_held: an Exception of an __eq__ is "not equal" */
+#define SAME_STRICT 2  /* same_as_held: 2 where an __eq__ would run, before it runs */
+
 /* Whether the list lst (or, with lst NULL, the n cells objs of a row built from ops, a NULL
- * cell the value in vals) holds the ids base[0..m) as Python's list == decides it: from position p on
- * (the ids before p are exact ints equal to the held ones), an exact int by value, any other id
- * by its __eq__, the sizes read again at every position (a callback may change the list). 1
- * equal, 0 not, -1 with an exception (with SAME_SWALLOW, an Exception is "not equal", as the
- * twin's holds() takes it); with SAME_STRICT, 2 where an __eq__ would run, before it runs.
+ * cell the value in vals) holds the ids base[0..m) as Python's list == decides it: from
+ * position p on (the ids before p are exact ints equal to the held ones), an exact int by
+ * value, any other id by its __eq__, the sizes read again at every position (a callback may
+ * change the list). 1 equal, 0 not, -1 with an exception (with SAME_SWALLOW, an Exception is
+ * "not equal", as the twin's holds() takes it); with SAME_STRICT, 2 where an __eq__ would run.
  * *called is set when an id's __eq__ ran. */
-int bk_same_as_held(PyObject *lst, PyObject *const *objs, const long long *vals, Py_ssize_t n,
-                    const int32_t *base, Py_ssize_t m, Py_ssize_t p, int *called, int flags)
+static int same_as_held(PyObject *lst, PyObject *const *objs, const long long *vals,
+                        Py_ssize_t n, const int32_t *base, Py_ssize_t m, Py_ssize_t p,
+                        int *called, int flags)
 {
     for (;; p++) {
         Py_ssize_t size = lst ? PyList_GET_SIZE(lst) : n;
@@ -311,7 +315,7 @@ again:;
     if (!lst && s->odd && base && from == r && n == m) {
         /* The twin's holds() on the ids ops made, some of them no exact int: such an id runs
          * its __eq__ there, before the walk (a NULL cell is the held id, in s->vals). */
-        int called = 0, same = bk_same_as_held(NULL, s->objs, s->vals, n, base, m, 0, &called,
+        int called = 0, same = same_as_held(NULL, s->objs, s->vals, n, base, m, 0, &called,
                                                SAME_SWALLOW);
         if (same)
             return same == 1 ? 0 : same;
@@ -329,7 +333,7 @@ again:;
               exact_value(PyList_GET_ITEM(lst, p)) != base[p])) {
             /* The twin's holds(): the lists compared as Python compares them, from the first
              * id that is no held small int on (an id that is no exact int runs its __eq__). */
-            int called = 0, same = bk_same_as_held(lst, NULL, NULL, n, base, m, p, &called,
+            int called = 0, same = same_as_held(lst, NULL, NULL, n, base, m, p, &called,
                                                    SAME_SWALLOW | (strict ? SAME_STRICT : 0));
             if (same)
                 return same == 1 ? 0 : same;
@@ -616,6 +620,29 @@ static PyObject *held_object(GroupKernel *self, Py_ssize_t r)
     return out;
 }
 
+/* The twin's _plain: every item of a step of every row is a list and every src an int source
+ * (PADDING, NEW or a row); the twin then compares every row first. Runs no Python code. */
+static int plain_step(GroupKernel *self, PyObject *items, PyObject *srcs)
+{
+    for (Py_ssize_t i = 0; i < self->rows; i++) {
+        PyObject *src = PyList_GET_ITEM(srcs, i);
+        long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
+        if (!PyList_CheckExact(PyList_GET_ITEM(items, i)) || v == BIG || v < PADDING ||
+            v >= self->rows)
+            return 0;
+    }
+    return 1;
+}
+
+/* Whether srcs[i] has row i visited whatever it holds: a source other than itself or PADDING
+ * (an src that is no exact int too: its walk refuses it). */
+static inline int moved_row(PyObject *srcs, Py_ssize_t i)
+{
+    PyObject *src = PyList_GET_ITEM(srcs, i);
+    long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
+    return v != i && v != PADDING;
+}
+
 /* Whether items[r] differs from held row r as Python's != decides it (the twin's held row is
  * None when unknown: any list differs), reading the row where no Python code runs, else first
  * taking the rows' sizes (s->sizes) if not taken yet (*called: taken, some Python code may
@@ -642,7 +669,7 @@ static int row_differs(GroupKernel *self, Scratch *s, PyObject *items, Py_ssize_
     Py_INCREF(lst); /* a callback may drop it from items */
     int d;
     if (PyList_CheckExact(lst)) {
-        int ran = 0, same = bk_same_as_held(lst, NULL, NULL, m, base, m, p, &ran, 0);
+        int ran = 0, same = same_as_held(lst, NULL, NULL, m, base, m, p, &ran, 0);
         d = same < 0 ? -1 : !same;
     } else { /* a callback put something else there: compared as Python compares it */
         PyObject *held = held_object(self, r);
@@ -678,15 +705,11 @@ static int rows_to_visit(GroupKernel *self, Scratch *s, PyObject *items, PyObjec
         }
         s->step_cap = n;
     }
+    if (!plain_step(self, items, srcs))
+        return 0;
     uint8_t *visit = s->visit;
-    for (Py_ssize_t i = 0; i < n; i++) { /* plain: lists, and int sources; a moved row visited */
-        PyObject *src = PyList_GET_ITEM(srcs, i);
-        long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
-        if (!PyList_CheckExact(PyList_GET_ITEM(items, i)) || v == BIG || v < PADDING ||
-            v >= n)
-            return 0;
-        visit[i] = v != i && v != PADDING;
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        visit[i] = (uint8_t)moved_row(srcs, i);
     int every = 0, called = 0;
     Py_ssize_t compared = 0; /* map() stops at the end of the shorter of items and held */
     for (; compared < PyList_GET_SIZE(items) && compared < n; compared++) {
@@ -704,12 +727,8 @@ static int rows_to_visit(GroupKernel *self, Scratch *s, PyObject *items, PyObjec
         return 1;
     if (!every && (compared != n || PyList_GET_SIZE(srcs) != n))
         every = 1; /* zip(strict=True) refuses: every row */
-    for (Py_ssize_t i = 0; !every && i < n; i++) { /* the sources as they are now */
-        PyObject *src = PyList_GET_ITEM(srcs, i);
-        long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
-        if (v != i && v != PADDING)
-            visit[i] = 1;
-    }
+    for (Py_ssize_t i = 0; !every && i < n; i++) /* the sources as they are now */
+        visit[i] |= (uint8_t)moved_row(srcs, i);
     Py_ssize_t changed = -1; /* the twin's same_lengths: every size read, then compared */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         Py_ssize_t size = PyObject_Size(PyList_GET_ITEM(items, i));
@@ -732,13 +751,8 @@ static int compare_runs_python(GroupKernel *self, PyObject *items, PyObject *src
                                Py_ssize_t from)
 {
     const Py_ssize_t n = self->rows;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *src = PyList_GET_ITEM(srcs, i);
-        long long v = PyLong_CheckExact(src) ? exact_value(src) : BIG;
-        if (!PyList_CheckExact(PyList_GET_ITEM(items, i)) || v == BIG || v < PADDING ||
-            v >= n)
-            return 0;
-    }
+    if (!plain_step(self, items, srcs))
+        return 0;
     for (Py_ssize_t r = from; r < n; r++) {
         PyObject *lst = PyList_GET_ITEM(items, r);
         const Py_ssize_t m = self->lens[r];
@@ -746,7 +760,7 @@ static int compare_runs_python(GroupKernel *self, PyObject *items, PyObject *src
             continue;
         const int32_t *base = self->held + r * self->stride;
         int called = 0;
-        if (bk_same_as_held(lst, NULL, NULL, m, base, m, 0, &called, SAME_STRICT) == 2)
+        if (same_as_held(lst, NULL, NULL, m, base, m, 0, &called, SAME_STRICT) == 2)
             return 1;
     }
     return 0;

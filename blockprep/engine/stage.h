@@ -12,10 +12,6 @@ int bk_scratch_reserve(Scratch *s, Py_ssize_t need);
 int32_t *bk_scratch_record(Scratch *s, Py_ssize_t n);
 int bk_read_src(GroupKernel *self, PyObject *srcs, long long r, long long *src);
 PyObject *bk_finished_plan(Scratch *s);
-int bk_same_as_held(PyObject *lst, PyObject *const *objs, const long long *vals, Py_ssize_t n,
-                    const int32_t *base, Py_ssize_t m, Py_ssize_t p, int *called, int flags);
-#define SAME_SWALLOW 1
-#define SAME_STRICT 2
 int bk_stage_row(GroupKernel *self, Scratch *s, Py_ssize_t r, PyObject *lst, Py_ssize_t n,
                  long long src, PyObject *convert, PyObject **fault_out, int strict);
 /* Row r of a stage of ops items (ops.c): item its ops on the ids its source held (None: as they

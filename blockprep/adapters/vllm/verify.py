@@ -115,12 +115,7 @@ class CallerLists:
         """The facade's ``apply_packed``, then the message's records applied to the lists by
         :func:`blockprep.wire.apply_ops` (a resync: each row named starts whole), the moves,
         and the check."""
-        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
-        type(self.facade).apply_packed(self.facade, message, moves=moves, num_reqs=num_reqs)
-        rows = packed.unpack(message, list(range(len(self.lists))))["rows"]
-        for row, ops in rows.items():
-            self.lists[row] = apply_ops(ops, self.lists[row])
-        self.moved(moves)
+        applied_packed(self.facade, [self], message, moves, num_reqs)
         self.check()
 
     def moved(self, moves: list[tuple[int, int]]) -> None:
@@ -208,16 +203,7 @@ class GroupCallerLists:
     ) -> None:
         """The tables' ``apply_packed``, then each record applied to its group's lists by
         :func:`blockprep.wire.apply_ops`, the moves, and the check."""
-        moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
-        type(self.facade).apply_packed(self.facade, message, moves=moves, num_reqs=num_reqs)
-        names = [str(g) for g in range(len(self.groups))]
-        rows = packed.unpack(message, list(range(len(self.groups[0].lists))), names)["rows"]
-        for row, by_group in rows.items():
-            for name, ops in by_group.items():
-                group = self.groups[int(name)]
-                group.lists[row] = apply_ops(ops, group.lists[row])
-        for group in self.groups:
-            group.moved(moves)
+        applied_packed(self.facade, self.groups, message, moves, num_reqs)
         self.check()
 
     def check(self) -> None:
@@ -250,6 +236,28 @@ def applied_step(
         num_reqs=num_reqs,
     )
     return step
+
+
+def applied_packed(
+    facade: Any,
+    groups: list[CallerLists],
+    message: object,
+    moves: Iterable[tuple[int, int]],
+    num_reqs: int | None,
+) -> None:
+    """``facade``'s own ``apply_packed``, then each record applied to its group's lists (a
+    record's ``group`` is the index in ``groups``) by :func:`blockprep.wire.apply_ops`, then the
+    moves."""
+    moves = list(iterable(moves, "moves", "(src, tgt) pairs"))
+    type(facade).apply_packed(facade, message, moves=moves, num_reqs=num_reqs)
+    names = [str(g) for g in range(len(groups))]
+    rows = packed.unpack(message, list(range(len(groups[0].lists))), names)["rows"]
+    for row, by_group in rows.items():
+        for name, ops in by_group.items():
+            group = groups[int(name)]
+            group.lists[row] = apply_ops(ops, group.lists[row])
+    for group in groups:
+        group.moved(moves)
 
 
 def install(facade: Any, lists: CallerLists | GroupCallerLists) -> None:
