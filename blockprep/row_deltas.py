@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
+from typing import Any, NamedTuple, NoReturn, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
     NOT_ID_ROWS,
+    Kind,
     as_int,
     check_length,
     has_integer_dtype,
@@ -41,13 +42,32 @@ from blockprep.ids import (
 )
 from blockprep.wire import APPEND, SET, TRUNCATE, DeltaCursor, DeltaMessageError, apply_ops
 
-if TYPE_CHECKING:
-    from blockprep.block_table import BlockTable
-
 _T = TypeVar("_T")
 
 RowItems = Mapping[int, _T] | Iterable[tuple[int, _T]]
 """Per-row values: a ``{row: value}`` mapping or ``(row, value)`` pairs."""
+
+
+class DeltaTable(Protocol):
+    """What the deltas read and count of their table, and what a plan's holder commits it to (a
+    :class:`~blockprep.block_table.BlockTable`, which this module does not import)."""
+
+    _kernel: Any  # its GroupKernel
+    _stay: list[int]  # every row's ids from the row itself
+    _hits: int
+
+    @property
+    def kind(self) -> Kind: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def max_blocks(self) -> int: ...
+    def commit(self, plan: RowsPlan) -> int: ...
+    def _row_index(self, row: object) -> int: ...
+    def _render(
+        self, plan: Any, want_rows: bool, rows: list[int] | None = None
+    ) -> tuple[int, int]: ...
+
 
 _INT_ONLY = {int}
 
@@ -102,7 +122,7 @@ class RowsPlan(NamedTuple):
     rows it writes (the others already hold their ids), in the order given. It holds the checked
     ids themselves: the caller's lists may change before the commit."""
 
-    table: BlockTable
+    table: DeltaTable
     epoch: int
     rows: list[int]
     staged: Any  # the kernel's plan
@@ -124,7 +144,7 @@ class RowDeltas:
     """The delta operations of one :class:`~blockprep.block_table.BlockTable` (its methods
     ``append``, ``set_ids``, ``truncate`` and ``apply_deltas`` call these)."""
 
-    def __init__(self, table: BlockTable) -> None:
+    def __init__(self, table: DeltaTable) -> None:
         self._table = table
         self._label = "ring block-table" if table.kind == "ring" else "block-table"
 

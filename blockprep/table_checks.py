@@ -6,17 +6,35 @@ public API only; both raise :class:`StaleRowError` naming the first row and colu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from blockprep.errors import StaleRowError
-
-if TYPE_CHECKING:
-    from blockprep.block_table import BlockTable
+from blockprep.ids import Kind
 
 
-def check_table(table: BlockTable) -> None:
+class CheckedTable(Protocol):
+    """What the checks read of a table (a :class:`~blockprep.block_table.BlockTable`, which
+    this module does not import): its public API only."""
+
+    @property
+    def kind(self) -> Kind: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def max_blocks(self) -> int: ...
+    @property
+    def pad(self) -> int: ...
+    @property
+    def lengths(self) -> npt.NDArray[np.int32]: ...
+    def numpy(self) -> npt.NDArray[np.int32]: ...
+    def cached_ids(self, row: int) -> list[int] | None: ...
+    def held_rows(self, count: int) -> list[list[int] | None]: ...
+
+
+def check_table(table: CheckedTable) -> None:
     """:meth:`BlockTable.check`: every row with known content against the buffer, cell by cell
     from the definition (a ring row ``ids[j % n]``, a paged row its ids then ``pad``, a cleared
     row all ``pad``)."""
@@ -43,7 +61,7 @@ def check_table(table: BlockTable) -> None:
             )
 
 
-def verify_table(table: BlockTable) -> None:
+def verify_table(table: CheckedTable) -> None:
     """:meth:`BlockTable.verify`: every row whose ids the table knows against a from-scratch
     rebuild of those ids through :mod:`blockprep.reference` (``ring_block_table_repeat``,
     ``block_table_per_row``; a cleared row is all ``pad``), and :attr:`BlockTable.lengths`

@@ -42,9 +42,8 @@ KERNEL_METHODS = {
 DIFFER_FUNCTIONS = {"diff_lists"}
 """The compiled ``blockprep._differ`` module's public functions."""
 
-KNOWN_CIRCLES = [["blockprep.block_table", "blockprep.row_deltas", "blockprep.table_checks"]]
-"""The one import circle left: ``BlockTable`` and the modules it was sliced into, which name it
-for their annotations. It goes when ``BlockTable`` becomes a view over ``GroupedTables``."""
+KNOWN_CIRCLES: list[list[str]] = []
+"""Import circles allowed: none."""
 
 
 def _modules() -> dict[str, Path]:
