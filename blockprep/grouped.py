@@ -302,7 +302,7 @@ class GroupedTables:
     def reset(self) -> None:
         """Forget every row's ids and keys: the next step writes every row, into every slot."""
         for kernel in self._kernels:
-            kernel.reset()
+            kernel.forget(-1)  # every slot marked whole below
         self._keys = [None] * self._num_rows
         self._stay = [PADDING] * self._num_rows
         self._padding_rows = list(range(self._num_rows))

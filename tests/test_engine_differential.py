@@ -4,9 +4,9 @@ A hypothesis state machine drives one ``_kernel.GroupKernel`` and one ``twin.Gro
 same spec with the same calls: steps of valid and invalid rows interleaved (ids in and out of range,
 repeats, bools, floats, NumPy integers, 0-d arrays, ints beyond int64, non-ints equal to a held id,
 padding rows, moved and new requests, lengths out of bounds), commits into any slot, invalidations,
-resets, re-initialisations (a plan staged before committed after), rows cleared and forgotten,
-kernels with and without the repeat rule. After every call both agree on everything observable:
-the fault (code, row, value), every held row, every slot's table and counts, the counters a commit
+every row forgotten and invalidated, re-initialisations (a plan staged before committed after),
+rows cleared and forgotten, kernels with and without the repeat rule. After every call both agree
+on everything observable: the fault (code, row, value), every held row, every slot's table and counts, the counters a commit
 returns; and every committed slot equals a rebuild of the held ids by :mod:`blockprep.reference`
 (an oracle independent of both). Long DeepSeek V4 scheduler traces drive two
 :class:`GroupedTables` faces, one on each kernel, and compare buffers and error texts step by
@@ -455,15 +455,18 @@ class KernelPair(RuleBasedStateMachine):
         self.py.invalidate(slot)
 
     @rule()
-    def reset(self) -> None:
-        self.c.reset()
-        self.py.reset()
+    def forget_every_row(self) -> None:
+        """Every row forgotten, then every slot marked whole (what a face's reset does)."""
+        for k in (self.c, self.py):
+            k.forget(-1)
+            k.invalidate(-1)
 
     @rule(data=st.data())
     def reinit(self, data: Any) -> None:
         """Both kernels initialised again with their spec (every row unknown, every slot marked
-        whole, as after ``reset``), then a plan staged before it committed: both alike (the C
-        checks a plan's records, not when it was staged; the twin checks a stale plan so)."""
+        whole, as after ``forget_every_row``), then a plan staged before it committed: both alike
+        (the C checks a plan's records, not when it was staged; the twin checks a stale plan
+        so)."""
         lists = [self._row(data, r) for r in range(self.rows)]
         srcs = list(range(self.rows))
         (plan_c, fault_c), (plan_py, fault_py) = (

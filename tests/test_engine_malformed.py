@@ -341,7 +341,7 @@ def test_a_kernel_made_without_init_is_an_empty_one(K: type) -> None:
             call()
     plan, fault = k.stage([], [], [], _convert)
     assert fault is None and k.rows_of(plan) == []
-    for call in (lambda: k.clear(-1), lambda: k.forget(-1), k.reset, lambda: k.invalidate(-1)):
+    for call in (lambda: k.clear(-1), lambda: k.forget(-1), lambda: k.invalidate(-1)):
         assert call() is None
     with pytest.raises(RuntimeError, match="needs the buffers of bind"):
         k.apply_row(0, 0, [1])
@@ -1250,10 +1250,6 @@ def test_invalidate_rejects_bad_slots(
     rejected(K, lambda w: w.k.invalidate(slot), exc)
 
 
-def test_reset_takes_no_args(K: type) -> None:
-    rejected(K, lambda w: w.k.reset(0), TypeError)
-
-
 @pytest.mark.parametrize("method", ["clear", "forget"])
 def test_clear_and_forget_reject_bad_rows(K: type, method: str) -> None:
     """A row that is not an exact int in range (``-1``: every row) raises and changes nothing."""
@@ -1295,7 +1291,8 @@ def test_cleared_and_forgotten_rows_render_as_documented(K: type) -> None:
         assert w.tables[1][0].tolist() == [PAD] * WIDTH
         assert w.tables[1][1].tolist() == [77] * WIDTH
         assert (w.k.held(0), w.k.held(1), w.k.length(0), w.k.length(1)) == ([], None, 0, -1)
-        w.k.reset()
+        w.k.forget(-1)
+        w.k.invalidate(-1)
         w.commit(w.plan([], []), 1)
         assert w.tables[1][0].tolist() == [0 if ring else PAD] * WIDTH
 
@@ -1566,7 +1563,7 @@ SCENARIOS: dict[str, tuple[str, list[Any] | None, bool]] = {
             k = seeded(GroupKernel)
             results = [outcome(lambda: k.__init__(False, 128, 100, 1, -1, 2**31 - 1, 1))]
             table, counts = np.zeros((4, 8), np.int32), np.zeros((4, 1), np.int32)
-            for call in (lambda: k.invalidate(0), lambda: k.reset(), lambda: k.held(0),
+            for call in (lambda: k.invalidate(0), lambda: k.forget(-1), lambda: k.held(0),
                          lambda: k.stage([0], [[7]], [-1] * 4, lambda x: None),
                          lambda: k.commit(b"", 0, table, counts, 0, True)):
                 results.append(outcome(call))

@@ -33,7 +33,6 @@ KERNEL_METHODS = {
     "held",
     "invalidate",
     "length",
-    "reset",
     "rows_of",
     "stage",
 }

@@ -534,16 +534,6 @@ static PyObject *kernel_invalidate(GroupKernel *self, PyObject *arg)
     Py_RETURN_NONE;
 }
 
-static PyObject *kernel_reset(GroupKernel *self, PyObject *unused)
-{
-    if (bk_busy(self))
-        return NULL;
-    for (Py_ssize_t r = 0; r < self->rows; r++)
-        self->lens[r] = -1;
-    bk_mark_all(self, -1);
-    Py_RETURN_NONE;
-}
-
 /* The rows a row argument names: [*first, *last) (-1: every row); -1 with an exception. */
 static int row_targets(GroupKernel *self, PyObject *arg, Py_ssize_t *first, Py_ssize_t *last)
 {
@@ -635,7 +625,6 @@ static PyMethodDef kernel_methods[] = {
      "apply_step(finished, appended, added, moves) -> (cells, hits, rows written) or None"},
     {"invalidate", (PyCFunction)kernel_invalidate, METH_O,
      "Mark every row of a slot (-1: every slot) whole."},
-    {"reset", (PyCFunction)kernel_reset, METH_NOARGS, "Forget every row's ids."},
     {"clear", (PyCFunction)kernel_clear, METH_O,
      "A row (-1: every row) holds no ids; every slot marks what that changes."},
     {"forget", (PyCFunction)kernel_forget, METH_O,

@@ -593,12 +593,6 @@ class GroupKernel(RowChanges):
         for marks in targets:
             marks.update(dict.fromkeys(range(self.rows), (WHOLE, ())))
 
-    def reset(self) -> None:
-        """Forget every row's ids; every slot marked whole."""
-        self._check_idle()
-        self._held = [None] * self.rows
-        self.invalidate(-1)
-
     def clear(self, row: int) -> None:
         """Row ``row`` (every row: -1) holds no ids; every slot marks what a render of the
         cleared row changes (nothing for a row holding none; a paged row's ids; else whole)."""
