@@ -4,12 +4,12 @@ A hypothesis state machine drives one ``_kernel.GroupKernel`` and one ``twin.Gro
 same spec with the same calls: steps of valid and invalid rows interleaved (ids in and out of range,
 repeats, bools, floats, NumPy integers, 0-d arrays, ints beyond int64, non-ints equal to a held id,
 padding rows, moved and new requests, lengths out of bounds), commits into any slot, invalidations,
-every row forgotten and invalidated, re-initialisations (a plan staged before committed after),
-rows cleared and forgotten, kernels with and without the repeat rule. After every call both agree
-on everything observable: the fault (code, row, value), every held row, every slot's table and counts, the counters a commit
-returns; and every committed slot equals a rebuild of the held ids by :mod:`blockprep.reference`
-(an oracle independent of both). Long DeepSeek V4 scheduler traces drive two
-:class:`GroupedTables` faces, one on each kernel, and compare buffers and error texts step by
+every row forgotten and invalidated, re-initialisations (a plan staged before committed after), rows
+cleared and forgotten, kernels with and without the repeat rule. After every call both agree on
+everything observable: the fault (code, row, value), every held row, every slot's table and counts,
+the counters a commit returns; and every committed slot equals a rebuild of the held ids by
+:mod:`blockprep.reference` (an oracle independent of both). Long DeepSeek V4 scheduler traces drive
+two :class:`GroupedTables` faces, one on each kernel, and compare buffers and error texts step by
 step.
 
 The compiled kernel is imported directly, so this runs in the twin-forced pass too; it is skipped
