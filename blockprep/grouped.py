@@ -32,8 +32,11 @@ then ``pad``.
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_left
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress, count, repeat
+from operator import is_, ne
 from typing import Any
 
 import numpy as np
@@ -65,6 +68,11 @@ from blockprep.wire import DeltaMessageError
 
 BLOCK_RENDER_MIN_ROWS = 8
 """Default ``block_rows`` (kept for compatibility: the kernel needs no such knob)."""
+
+
+def padding_rows_of(keys: Sequence[Hashable | None]) -> list[int]:
+    """The rows whose key is ``None`` (padding), found at C level."""
+    return list(compress(count(), map(is_, keys, repeat(None))))
 
 
 @dataclass(frozen=True)
@@ -431,10 +439,12 @@ class GroupedTables:
             srcs = [PADDING if key is None else NEW for key in keys]
         if keys is previous and not whole:  # no key changed: the padding rows as held, none moved
             padding_rows, padding_set, moved = self._padding_rows, self._padding_set, []
-        else:
-            padding_rows = [row for row, key in enumerate(keys) if key is None]
+        else:  # the rows walked at C level; Python only for the padding and moved rows
+            padding_rows = padding_rows_of(keys)
             padding_set = set(padding_rows)
-            moved = [row for row, src in enumerate(srcs) if src != row and src != PADDING]
+            moved = [
+                row for row in compress(count(), map(ne, srcs, count())) if srcs[row] != PADDING
+            ]
         plans = []
         for gi, group in enumerate(self._groups):
             kernel = self._kernels[gi]
@@ -449,12 +459,11 @@ class GroupedTables:
             else:  # padding rows that hold nothing yet
                 visit_padding = [row for row in padding_rows if kernel.length(row) < 0]
             try:
-                if moved or visit_padding:
+                if moved or visit_padding:  # a padding row has no change (checked above)
                     rows = sorted({*group_changes, *moved, *visit_padding})
-                    items = [
-                        group_changes.get(row) if keys[row] is not None else padding(gi, row)
-                        for row in rows
-                    ]
+                    items = list(map(group_changes.get, rows))
+                    for row in visit_padding:
+                        items[bisect_left(rows, row)] = padding(gi, row)
                 else:
                     rows = sorted(group_changes)
                     items = list(map(group_changes.__getitem__, rows))
@@ -542,9 +551,11 @@ class GroupedTables:
             state.counts_stale = False
         if step.keys is not self._keys:
             self._keys = step.keys
-            self._stay = [PADDING if key is None else row for row, key in enumerate(step.keys)]
-            self._padding_rows = [row for row, key in enumerate(step.keys) if key is None]
+            self._padding_rows = padding_rows_of(step.keys)
             self._padding_set = set(self._padding_rows)
+            self._stay = list(range(self._num_rows))
+            for row in self._padding_rows:
+                self._stay[row] = PADDING
         self._version += 1
 
     def _state(self, slot: int) -> _SlotState:
