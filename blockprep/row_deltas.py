@@ -34,12 +34,12 @@ from blockprep.ids import (
     INT32_MAX,
     NEGATIVE_ID_MESSAGE,
     NOT_ID_ROWS,
-    Kind,
     as_int,
     check_length,
     has_integer_dtype,
     is_integer_id,
 )
+from blockprep.table_checks import CheckedTable
 from blockprep.wire import APPEND, SET, TRUNCATE, DeltaCursor, DeltaMessageError, apply_ops
 
 _T = TypeVar("_T")
@@ -48,20 +48,15 @@ RowItems = Mapping[int, _T] | Iterable[tuple[int, _T]]
 """Per-row values: a ``{row: value}`` mapping or ``(row, value)`` pairs."""
 
 
-class DeltaTable(Protocol):
-    """What the deltas read and count of their table, and what a plan's holder commits it to (a
-    :class:`~blockprep.block_table.BlockTable`, which this module does not import)."""
+class DeltaTable(CheckedTable, Protocol):
+    """What the deltas read and count of their table besides its public API, and what a plan's
+    holder commits it to (a :class:`~blockprep.block_table.BlockTable`, which this module does
+    not import)."""
 
     _kernel: Any  # its GroupKernel
     _stay: list[int]  # every row's ids from the row itself
     _hits: int
 
-    @property
-    def kind(self) -> Kind: ...
-    @property
-    def num_rows(self) -> int: ...
-    @property
-    def max_blocks(self) -> int: ...
     def commit(self, plan: RowsPlan) -> int: ...
     def _row_index(self, row: object) -> int: ...
     def _render(
