@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import replace as _replace
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -52,45 +52,68 @@ def assign(layout: DeepSeekV4Layout, batch: DecodeBatch, cached: Assignment | No
     if len(partitions) != A:
         raise BlockprepValueError("DeepSeekV4 decode requires one cache partition per request")
     R, b = layout.ranks, layout.decode_batch
+    ranks = _ranks(partitions, R)
     counts = [0] * R
-    ranks: list[int] = []
-    rows: list[int] = []  # per request, its table row
-    for partition in partitions:
-        rank = partition if type(partition) is int else _partition_index(partition)
-        if not 0 <= rank < R:
-            raise BlockprepValueError(f"DeepSeekV4 decode cache partitions must be in [0, {R - 1}]")
-        local = counts[rank]
-        if local >= b:
-            raise BlockprepValueError(
-                f"DeepSeekV4 rank {rank} decode batch exceeds local capacity {b}"
-            )
-        counts[rank] = local + 1
-        ranks.append(rank)
-        rows.append(rank * b + local)
-    perm = [A + local - count for count in counts for local in range(b)]
-    occupants: list[str | None] = [None] * (R * b)
+    local_rows = [0] * A
+    rows = [0] * A  # per request, its table row
     firsts = [0] * R  # each rank's first request (request 0 for an empty rank)
-    for q in range(A - 1, -1, -1):
-        firsts[ranks[q]] = q
+    for q, rank in enumerate(ranks):  # one pass: local row by arrival on the rank
+        local = counts[rank]
+        counts[rank] = local + 1
+        local_rows[q] = local
+        rows[q] = rank * b + local
+        if not local:
+            firsts[rank] = q
+    if len(ranks) != A or max(counts) > b:
+        _raise_first(partitions, R, b)
+    perm = [A + local - count for count in counts for local in range(b)]
     source = [q for q in firsts for _ in range(b)]
-    ids = list(request_ids)
     for q, row in enumerate(rows):
         perm[row] = q
-        occupants[row] = ids[q]
         source[row] = q
+    ids = list(request_ids)
     return Assignment(
         ids,
         list(partitions),
         tuple(ranks),
-        tuple(row - rank * b for row, rank in zip(rows, ranks, strict=True)),
+        tuple(local_rows),
         tuple(counts),
         perm,
-        occupants,
+        list(map([*ids, *[None] * (R * b)].__getitem__, perm)),  # padding rows: None
         np.array(source, dtype=np.intp),
         np.array(rows, dtype=np.intp),
         R * b == A and perm == list(range(R * b)),
         _rows_by_id(ids, rows),
     )
+
+
+def _ranks(partitions: Sequence[Any], R: int) -> list[int]:
+    """Each request's rank, its partition, when every one is an integer in ``[0, R)``; else
+    those that are (the caller then finds the first fault)."""
+    ranks = partitions if type(partitions) is list else list(partitions)
+    if set(map(type, ranks)) <= _INT and min(ranks) >= 0 and max(ranks) < R:
+        return ranks
+    converted = [p if type(p) is int else _partition_index(p) for p in ranks]
+    return [rank for rank in converted if 0 <= rank < R]
+
+
+def _raise_first(partitions: Sequence[Any], R: int, b: int) -> NoReturn:
+    """Upstream's message for the first request, in batch order, whose partition is out of
+    ``[0, R)`` (anything but an integer, a bool included) or whose rank is already full."""
+    counts = [0] * R
+    for partition in partitions:
+        rank = partition if type(partition) is int else _partition_index(partition)
+        if not 0 <= rank < R:
+            raise BlockprepValueError(f"DeepSeekV4 decode cache partitions must be in [0, {R - 1}]")
+        if counts[rank] >= b:
+            raise BlockprepValueError(
+                f"DeepSeekV4 rank {rank} decode batch exceeds local capacity {b}"
+            )
+        counts[rank] += 1
+    raise AssertionError("no request refused")
+
+
+_INT = {int}
 
 
 def _equal(a: object, b: object) -> bool:
