@@ -111,21 +111,21 @@ class Slot:
     ) -> DeepSeekV4DecodeInputs:
         """The record of the step just written into this slot (slot ``number``)."""
         dynamic = self.dynamic
-        return DeepSeekV4DecodeInputs(
-            tables=MappingProxyType(self.tables),
-            block_counts=self.counts,
-            input_ids=dynamic.input_ids,
-            position_ids=dynamic.position_ids,
-            kv_seq_lens=dynamic.kv_seq_lens,
-            num_tokens_per_owner=dynamic.num_tokens_per_owner,
-            logit_row_indices=dynamic.logit_row_indices,
-            x_hc=dynamic.x_hc,
-            ranks=assignment.ranks,
-            local_rows=assignment.local_rows,
-            buffer_slot=number,
-            decode_seq=decode_seq,
-            active_seq=active_seq,
-            request_ids=tuple(assignment.request_ids),
+        return DeepSeekV4DecodeInputs(  # by position: keywords cost a dict a record
+            MappingProxyType(self.tables),
+            self.counts,
+            dynamic.input_ids,
+            dynamic.position_ids,
+            dynamic.kv_seq_lens,
+            dynamic.num_tokens_per_owner,
+            dynamic.logit_row_indices,
+            dynamic.x_hc,
+            assignment.ranks,
+            assignment.local_rows,
+            number,
+            decode_seq,
+            active_seq,
+            tuple(assignment.request_ids),
         )
 
 
