@@ -1,4 +1,4 @@
-"""Build of the optional C kernel: ``blockprep.engine._kernel`` (the table engine) and
+"""Build of the optional C kernel: ``blockprep._engine._kernel`` (the table engine) and
 ``blockprep._differ`` (the block-list encoders' step).
 
 The extensions are ``optional``: where no C compiler or Python headers exist, the build warns and
@@ -14,19 +14,19 @@ FLAGS = ["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 setup(
     ext_modules=[
         Extension(
-            "blockprep.engine._kernel",
-            sources=["blockprep/engine/_kernel.c", "blockprep/engine/stage.c",
-                     "blockprep/engine/ops.c",
-                     "blockprep/engine/marks.c", "blockprep/engine/records.c",
-                     "blockprep/engine/dynamic.c", "blockprep/engine/apply_row.c"],
-            depends=["blockprep/engine/kernel.h", "blockprep/engine/stage.h"],
+            "blockprep._engine._kernel",
+            sources=["blockprep/_engine/_kernel.c", "blockprep/_engine/stage.c",
+                     "blockprep/_engine/ops.c",
+                     "blockprep/_engine/marks.c", "blockprep/_engine/records.c",
+                     "blockprep/_engine/dynamic.c", "blockprep/_engine/apply_row.c"],
+            depends=["blockprep/_engine/kernel.h", "blockprep/_engine/stage.h"],
             extra_compile_args=FLAGS,
             optional=True,
         ),
         Extension(  # the encoders' step: a module of its own, so blockprep.wire can import it
             "blockprep._differ",
-            sources=["blockprep/engine/differ.c"],
-            depends=["blockprep/engine/kernel.h"],
+            sources=["blockprep/_engine/differ.c"],
+            depends=["blockprep/_engine/kernel.h"],
             extra_compile_args=FLAGS,
             optional=True,
         ),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def load(package: Path, dotted: str) -> object:
-    """The extension module ``dotted`` (``blockprep.engine._kernel``) from ``package``'s files,
+    """The extension module ``dotted`` (``blockprep._engine._kernel``) from ``package``'s files,
     loaded alone: ``blockprep/__init__.py`` (which imports torch) does not run."""
     parts = dotted.split(".")[1:]
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
@@ -27,7 +27,7 @@ def main() -> None:
     spec = importlib.util.find_spec("blockprep")  # finds the package without running it
     assert spec is not None and spec.submodule_search_locations
     package = Path(next(iter(spec.submodule_search_locations)))
-    kernel = load(package, "blockprep.engine._kernel")
+    kernel = load(package, "blockprep._engine._kernel")
     differ = load(package, "blockprep._differ")
     k = kernel.GroupKernel(False, 4, 100, 0, -1, 2, 1)  # paged, 4 columns, ids < 100, 2 rows
     plan, fault = k.stage(None, [[3, 1], [7]], [-2, -2], int)  # both rows new

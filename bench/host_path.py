@@ -82,12 +82,12 @@ from bench.host_stages import (
     recorded_deltas,
     wire_deltas,
 )
+from blockprep._engine import kernel_backend
 from blockprep.batch import DecodeBatch
 from blockprep.bench.deepseek_workloads import DS_WARMUP, WIRE_SLOTS, deepseek_wire_sim
 from blockprep.bench.qwen_workloads import qwen_wire_trace
 from blockprep.bench.report import load_average
 from blockprep.bench.runner import MismatchError, percentile, quiet_process
-from blockprep.engine import kernel_backend
 from blockprep.simulation import DEEPSEEK_V4_CACHE_GROUPS
 
 WARM = WIRE_SLOTS

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-import blockprep.adapters.deepseek.dynamic as dynamic
-import blockprep.adapters.deepseek.rows as rows
-import blockprep.adapters.deepseek.tables as tables
+import blockprep.adapters.deepseek._dynamic as dynamic
+import blockprep.adapters.deepseek._rows as rows
+import blockprep.adapters.deepseek._tables as tables
 from blockprep.bench import workloads
 
 STEPS = 300

@@ -12,7 +12,7 @@ construction never produces a number.
 
 The "tiling constructions" groups time the ways of writing ``ids[r][j % n]`` into a NumPy int32
 destination from a prepared int64 or int32 ids array; they document the thresholds in
-:mod:`blockprep.tiling` (the broadcast, the doubling copy past ``DOUBLING_MIN_PERIODS``, and no
+:mod:`blockprep._tiling` (the broadcast, the doubling copy past ``DOUBLING_MIN_PERIODS``, and no
 gather).
 """
 
@@ -31,13 +31,13 @@ import pytest
 import torch
 
 from blockprep import paged_block_table, ring_block_table
+from blockprep._tiling import tile_row, tile_rows
 from blockprep.reference import (
     block_table_one_tensor,
     block_table_per_row,
     ring_block_table_gather,
     ring_block_table_repeat,
 )
-from blockprep.tiling import tile_row, tile_rows
 
 SEED = 20_240_601
 ID_SPACE = 100_000
@@ -206,12 +206,12 @@ def doubling_copy(dst: Dst, ids: Ids) -> None:
 
 
 def shipped_tile_rows(dst: Dst, ids: Ids) -> None:
-    """(d) :func:`blockprep.tiling.tile_rows`: the builders' writer for rows of one length."""
+    """(d) :func:`blockprep._tiling.tile_rows`: the builders' writer for rows of one length."""
     tile_rows(dst, ids)
 
 
 def shipped_tile_row(dst: Dst, ids: Ids) -> None:
-    """(d') :func:`blockprep.tiling.tile_row`: what the builders use for a lone row of a length."""
+    """(d') :func:`blockprep._tiling.tile_row`: what the builders use for a lone row of a length."""
     tile_row(dst[0], ids[0])
 
 
@@ -248,7 +248,7 @@ TILING_SHAPES = [
     (8, 4096, 8),
     (8, 4096, 12),
 ]
-# blockprep.ids hands the tile writers int32 ids.
+# blockprep._ids hands the tile writers int32 ids.
 TILING_CASES = [TilingCase(*shape, "int32") for shape in TILING_SHAPES]
 
 CONSTRUCTIONS: dict[str, Callable[[Dst, Ids], None]] = {

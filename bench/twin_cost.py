@@ -8,7 +8,7 @@ while a step runs. Run it in turns, from the repository root::
     done
 
 and divide the medians of the runs' medians: the figure the fallback warning names
-(``blockprep.engine.TWIN_COST``).
+(``blockprep._engine.TWIN_COST``).
 """
 
 import gc

@@ -20,6 +20,8 @@ runs: ``kernel_backend()`` (``blockprep --version``). Docs: ``docs/index.md`` (t
 """
 
 from blockprep import forks as _forks  # noqa: F401 (the fork hooks, for every import)
+from blockprep._engine import kernel_backend
+from blockprep._ids import INT32_MAX
 from blockprep.batch import (
     DecodeBatch,
     DecodeExecutor,
@@ -30,7 +32,6 @@ from blockprep.batch import (
 from blockprep.block_table import BlockTable, BlockTableStats, StaleRowError, UnknownRowError
 from blockprep.buffers import DeviceMirror, host_tensor
 from blockprep.builders import paged_block_table, ring_block_table
-from blockprep.engine import kernel_backend
 from blockprep.errors import (
     BlockprepError,
     BlockprepIndexError,
@@ -38,7 +39,6 @@ from blockprep.errors import (
     BlockprepTypeError,
     BlockprepValueError,
 )
-from blockprep.ids import INT32_MAX
 from blockprep.slots import paged_slot_mapping
 from blockprep.tokens import PaddedTokenBuffer
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import blockprep
+from blockprep._engine import kernel_backend
 from blockprep.bench.base import Workload
 from blockprep.bench.report import (
     COLUMN_LEGEND,
@@ -47,7 +48,6 @@ from blockprep.bench.runner import (
     verify,
 )
 from blockprep.bench.workloads import standard_workloads
-from blockprep.engine import kernel_backend
 
 QUICK_STEPS = 60
 DEFAULT_STEPS = 300

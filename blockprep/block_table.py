@@ -3,7 +3,7 @@
 A decode program reads its block table from one buffer whose address it captured. Between two
 steps almost nothing in it changes: a paged row gains a page every 128 tokens, a ring row rotates
 one slot every 4-8 tokens. ``BlockTable`` owns (or adopts) that buffer and is a thin face of the
-table engine (:mod:`blockprep.engine`): one :class:`~blockprep.engine.GroupKernel` (one group, one
+table engine (:mod:`blockprep._engine`): one :class:`~blockprep._engine.GroupKernel` (one group, one
 buffer slot) holds the ids each row holds, compares a write's ids with them and writes only the
 cells that differ:
 
@@ -30,9 +30,14 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep._engine import GroupKernel, kernel_buffer
+from blockprep._engine.rules import ROW_APPEND, ROW_CLEAR, ROW_COPY, ROW_WHOLE
+from blockprep._faults import convert, raise_row
+from blockprep._ids import INT32_MAX, Kind, as_int, check_max_blocks, check_pad, id_list
+from blockprep._row_deltas import Changes, RowDeltas, RowItems, row_items
+from blockprep._row_deltas import RowsPlan as RowsPlan  # re-exported
+from blockprep._table_checks import check_table, verify_table
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
-from blockprep.engine import GroupKernel, kernel_buffer
-from blockprep.engine.rules import ROW_APPEND, ROW_CLEAR, ROW_COPY, ROW_WHOLE
 from blockprep.errors import (
     BlockprepIndexError,
     BlockprepRuntimeError,
@@ -41,11 +46,6 @@ from blockprep.errors import (
 )
 from blockprep.errors import StaleRowError as StaleRowError  # re-exported
 from blockprep.errors import UnknownRowError as UnknownRowError  # re-exported
-from blockprep.faults import convert, raise_row
-from blockprep.ids import INT32_MAX, Kind, as_int, check_max_blocks, check_pad, id_list
-from blockprep.row_deltas import Changes, RowDeltas, RowItems, row_items
-from blockprep.row_deltas import RowsPlan as RowsPlan  # re-exported
-from blockprep.table_checks import check_table, verify_table
 from blockprep.wire import SET, TRUNCATE, DeltaCursor
 
 _T = TypeVar("_T")
@@ -504,7 +504,7 @@ class BlockTable:
 
     def plan_records(self, data: bytes, changes: Changes, *, whole: bool = False) -> RowsPlan:
         """Check ``changes``, ``{row: word offsets of its records in data}`` (a packed payload,
-        as :func:`blockprep.engine.index_records` gives them), and return the plan for
+        as :func:`blockprep.packed.index_records` gives them), and return the plan for
         :meth:`commit`; nothing is written. ``whole``: each row named starts anew. Raises what
         :meth:`apply_packed` raises for records."""
         staged = self._deltas.plan_records(data, changes, whole)
@@ -517,7 +517,7 @@ class BlockTable:
 
     def check(self) -> None:
         """Verify every row with known content against the buffer
-        (:func:`blockprep.table_checks.check_table`).
+        (:func:`blockprep._table_checks.check_table`).
 
         Raises:
             StaleRowError: naming the first row and column whose cell differs from its cached ids
@@ -527,7 +527,7 @@ class BlockTable:
 
     def verify(self) -> None:
         """Compare every row whose ids the table knows with a from-scratch rebuild through
-        :mod:`blockprep.reference` (:func:`blockprep.table_checks.verify_table`). Slow; what
+        :mod:`blockprep.reference` (:func:`blockprep._table_checks.verify_table`). Slow; what
         ``verify=True`` runs after every write.
 
         Raises:
@@ -558,7 +558,7 @@ class BlockTable:
         self._dirty.clear()
         return dirty
 
-    # --- internals (the delta face, blockprep.row_deltas, uses these too) -------------------------
+    # --- internals (the delta face, blockprep._row_deltas, uses these too) ------------------------
 
     def _row_index(self, row: object) -> int:
         index = as_int(row, "block-table row index")
@@ -570,7 +570,7 @@ class BlockTable:
 
     def _apply_row(self, kind: int, row: int, value: object) -> int | None:
         """One row's change at once, counted (the kernel's ``apply_row``: ``kind`` a
-        ``blockprep.engine.rules.ROW_*``); the cells written, 0 for a hit, or ``None`` when it is
+        ``blockprep._engine.rules.ROW_*``); the cells written, 0 for a hit, or ``None`` when it is
         not a plain case (ids not a list of ints in range, a row not an int in range or of
         unknown ids, ...): nothing done, the caller's general path decides and words errors."""
         cells = self._kernel.apply_row(kind, row, value)
@@ -691,7 +691,7 @@ class BlockTable:
         raise AssertionError(f"the kernel refused rows that the checks take: {fault}")
 
     def _raise_row(self, row: int, ids: object) -> NoReturn:
-        """The builders' error for row ``row``'s ids (:func:`blockprep.faults.raise_row`)."""
+        """The builders' error for row ``row``'s ids (:func:`blockprep._faults.raise_row`)."""
         raise_row(row, ids, self._kernel.held(row), self._max_blocks, self._kind)
 
 

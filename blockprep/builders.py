@@ -13,7 +13,7 @@ b. ids must be integers (``bool``, ``float`` and other types raise ``TypeError``
 c. everything is validated before anything is written: on any error ``out`` is left as it was.
 
 Cost: one NumPy conversion of all ids per call (none when ``rows`` is already a 2-D integer
-array or tensor) and no temporary per row; see :mod:`blockprep.tiling` for the ring construction.
+array or tensor) and no temporary per row; see :mod:`blockprep._tiling` for the ring construction.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep._ids import IdRows, check_max_blocks, check_pad, id_rows
+from blockprep._tiling import tile_row, tile_rows
 from blockprep.buffers import check_no_self_overlap, check_writable
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
-from blockprep.ids import IdRows, check_max_blocks, check_pad, id_rows
-from blockprep.tiling import tile_row, tile_rows
 
 Table = TypeVar("Table", torch.Tensor, npt.NDArray[np.int32])
 

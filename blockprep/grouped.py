@@ -6,8 +6,8 @@ groups]`` table (ids per row and group). :class:`GroupedTables` owns them, model
 whatever the caller lays out (DeepSeek: ``rank * decode_batch + local``), each row occupied by a
 key (a request id) or by padding (key ``None``, ids the caller's own, trusted).
 
-It is the public face of the table engine (:mod:`blockprep.engine`): one
-:class:`~blockprep.engine.GroupKernel` per group, compiled or its pure-Python twin, holds the
+It is the public face of the table engine (:mod:`blockprep._engine`): one
+:class:`~blockprep._engine.GroupKernel` per group, compiled or its pure-Python twin, holds the
 latest ids and, per slot, which cells may be stale. A step has two phases:
 
 1. :meth:`GroupedTables.plan` (full lists) or :meth:`GroupedTables.plan_deltas`
@@ -42,10 +42,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from blockprep._engine import GroupKernel, kernel_buffer
+from blockprep._engine.rules import NEW, OPS, PADDING
+from blockprep._faults import (
+    check_change_rows,
+    convert,
+    fault_error,
+    raise_ops_error,
+    record_ops,
+    row_place,
+)
+from blockprep._ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype
 from blockprep.block_table import BlockTableStats
 from blockprep.buffers import check_adopted, claim_buffers, host_tensor
-from blockprep.engine import GroupKernel, kernel_buffer
-from blockprep.engine.rules import NEW, OPS, PADDING
 from blockprep.errors import (
     BlockIdTypeError,
     BlockprepIndexError,
@@ -55,15 +64,6 @@ from blockprep.errors import (
 from blockprep.errors import (
     BlockIdValueError as BlockIdValueError,  # importable from here, where it was defined
 )
-from blockprep.faults import (
-    check_change_rows,
-    convert,
-    fault_error,
-    raise_ops_error,
-    record_ops,
-    row_place,
-)
-from blockprep.ids import INT32_MAX, Kind, as_int, check_pad, has_integer_dtype
 from blockprep.wire import DeltaMessageError
 
 BLOCK_RENDER_MIN_ROWS = 8

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from blockprep._ids import as_int
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepRuntimeError, BlockprepTypeError, BlockprepValueError
-from blockprep.ids import as_int
 
 if TYPE_CHECKING:
     from blockprep.events import BlockEventRecorder

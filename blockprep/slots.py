@@ -14,9 +14,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep._ids import INT32_MAX, NOT_ID_ROWS, as_int, checked_ids
 from blockprep.buffers import check_no_self_overlap, check_writable
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
-from blockprep.ids import INT32_MAX, NOT_ID_ROWS, as_int, checked_ids
 
 
 def paged_slot_mapping(

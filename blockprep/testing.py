@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from blockprep.ids import INT32_MAX
+from blockprep._ids import INT32_MAX
 
 # The scheduler simulation lives in blockprep.simulation (it needs no test dependency: the bench
 # command imports it); it stays importable from here.

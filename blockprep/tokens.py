@@ -15,9 +15,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep._ids import as_int, has_integer_dtype, is_integer_id
 from blockprep.buffers import check_writable, host_tensor
 from blockprep.errors import BlockprepIndexError, BlockprepTypeError, BlockprepValueError
-from blockprep.ids import as_int, has_integer_dtype, is_integer_id
 
 
 class PaddedTokenBuffer:

@@ -42,9 +42,9 @@ from typing import Any, NoReturn
 import numpy as np
 import torch
 
-from blockprep import backend, log
+from blockprep import _backend, log
+from blockprep._ids import INT64_MAX, INT64_MIN, has_integer_dtype, is_integer_id
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
-from blockprep.ids import INT64_MAX, INT64_MIN, has_integer_dtype, is_integer_id
 
 WHOLE, APPEND, SET, TRUNCATE = "w", "a", "s", "t"
 """The operation tags."""
@@ -115,10 +115,10 @@ class BlockDeltaEncoder:
                 that is not an integer (a bool or a float included).
         """
         check_batch(request_ids, block_lists)
-        if backend.diff_lists is not None:  # compiled; None: a step it does not take
+        if _backend.diff_lists is not None:  # compiled; None: a step it does not take
             first = block_lists[0] if len(block_lists) else None
             names = tuple(first) if type(first) is dict else None
-            done = backend.diff_lists(self._held, request_ids, block_lists, names, True)
+            done = _backend.diff_lists(self._held, request_ids, block_lists, names, True)
             if done is not None:
                 self._held = done[2]
                 return self._sent(done[0])

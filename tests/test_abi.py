@@ -10,9 +10,13 @@ import textwrap
 import pytest
 import torch
 
-from blockprep.adapters.deepseek import GROUP_NAMES, INPUT_FIELDS, DeepSeekV4Layout
+from blockprep.adapters.deepseek import (
+    GROUP_NAMES,
+    INPUT_FIELDS,
+    DeepSeekV4DecodePreparer,
+    DeepSeekV4Layout,
+)
 from blockprep.adapters.deepseek import abi as ds
-from blockprep.adapters.deepseek.preparer import DeepSeekV4DecodePreparer
 from blockprep.adapters.kernel_abi import ArgSpec, KernelArgumentError, build_arguments
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.adapters.qwen_abi import (

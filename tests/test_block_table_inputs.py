@@ -171,7 +171,7 @@ def test_single_group_add_row_writes_an_invalidated_row() -> None:
 
 
 def test_gather_rows_refuses_a_list() -> None:
-    from blockprep.adapters.deepseek.inputs import DeepSeekV4DecodeInputs
+    from blockprep.adapters.deepseek import DeepSeekV4DecodeInputs
 
     inputs = object.__new__(DeepSeekV4DecodeInputs)
     with pytest.raises(TypeError, match=r"^kernel output must be a torch\.Tensor, got list$"):

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blockprep.adapters.deepseek import DeepSeekV4Layout
-from blockprep.adapters.deepseek.assignment import assign
+from blockprep.adapters.deepseek._assignment import assign
 from blockprep.batch import DecodeBatch
 from blockprep.errors import BlockprepValueError
 

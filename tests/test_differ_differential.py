@@ -1,6 +1,6 @@
 """The encoders' compiled step (``blockprep._differ.diff_lists``) against its specification, the
 encoders' Python code (:meth:`blockprep.events.PackedDeltaEncoder.encode` and
-:meth:`blockprep.wire.BlockDeltaEncoder.encode` with ``backend.diff_lists`` unset).
+:meth:`blockprep.wire.BlockDeltaEncoder.encode` with ``_backend.diff_lists`` unset).
 
 A hypothesis state machine drives two encoders of each kind with the same steps: the
 scheduler's lists changed by appends, sets, truncates and replacements, requests joining,
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from blockprep import backend
+from blockprep import _backend
 from blockprep.events import PackedDeltaEncoder
 from blockprep.packed import unpack
 from blockprep.wire import BlockDeltaEncoder, apply_ops
@@ -38,14 +38,14 @@ KINDS = ["append", "set", "set", "many", "truncate", "splice"]
 
 def encode(encoder: Any, fast: bool, batch: list[Any], lists: list[Any]) -> Any:
     """``encoder.encode`` with the compiled step (``fast``) or the Python code alone."""
-    saved = backend.diff_lists
-    backend.diff_lists = compiled.diff_lists if fast else None
+    saved = _backend.diff_lists
+    _backend.diff_lists = compiled.diff_lists if fast else None
     try:
         return encoder.encode(batch, lists)
     except (TypeError, ValueError) as error:
         return error
     finally:
-        backend.diff_lists = saved
+        _backend.diff_lists = saved
 
 
 class DifferMachine(RuleBasedStateMachine):

@@ -1,5 +1,5 @@
 """A paged decode step's dynamic inputs: the compiled ``step_slots``, ``paged_step`` and
-``differing_rows`` and their twin (:mod:`blockprep.engine.dynamic`) against models written from
+``differing_rows`` and their twin (:mod:`blockprep._engine.dynamic`) against models written from
 seed-semantics 2.3 (a paged decode slot), and against each other on valid and malformed
 arguments (same results, same buffers, same exception types and messages, nothing written on a
 refusal).
@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blockprep.engine import dynamic
+from blockprep._engine import dynamic
 
-compiled = pytest.importorskip("blockprep.engine._kernel")
+compiled = pytest.importorskip("blockprep._engine._kernel")
 
 IMPLEMENTATIONS = [dynamic, compiled]
 

@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from blockprep import reference as ref
-from blockprep.engine import twin
-from blockprep.engine.rules import ROW_APPEND, ROW_CLEAR, ROW_COPY, ROW_WHOLE
+from blockprep._engine import twin
+from blockprep._engine.rules import ROW_APPEND, ROW_CLEAR, ROW_COPY, ROW_WHOLE
 
 
 def compiled() -> Any:
-    return pytest.importorskip("blockprep.engine._kernel")
+    return pytest.importorskip("blockprep._engine._kernel")
 
 
 # K, each kernel class in turn: tests/conftest.py.

@@ -32,11 +32,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from blockprep import grouped
 from blockprep import reference as ref
-from blockprep.engine import twin
-from blockprep.faults import convert as _convert
+from blockprep._engine import twin
+from blockprep._faults import convert as _convert
 from blockprep.grouped import GroupedTables
 
-compiled = pytest.importorskip("blockprep.engine._kernel")
+compiled = pytest.importorskip("blockprep._engine._kernel")
 
 NEW, PADDING = twin.NEW, twin.PADDING
 

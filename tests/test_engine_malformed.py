@@ -35,8 +35,8 @@ import numpy as np
 import pytest
 import torch
 
-from blockprep.engine import rules, twin
-from blockprep.faults import convert as _convert
+from blockprep._engine import rules, twin
+from blockprep._faults import convert as _convert
 
 NEW, PADDING = twin.NEW, twin.PADDING
 TYPE, LENGTH, RANGE, REPEAT, PAD_RANGE, OPS = (
@@ -71,7 +71,7 @@ def known(request: pytest.FixtureRequest, K: type, issue: str | None) -> None:
 
 
 def compiled() -> Any:
-    return pytest.importorskip("blockprep.engine._kernel")
+    return pytest.importorskip("blockprep._engine._kernel")
 
 
 CLEAN = (TypeError, ValueError, IndexError, RuntimeError, MemoryError, OverflowError)
@@ -1441,7 +1441,7 @@ def seeded(GroupKernel, width=8, rows=4):
 
 CHILD = """
 import importlib.machinery, importlib.util, os, resource, sys
-loader = importlib.machinery.ExtensionFileLoader("blockprep.engine._kernel", sys.argv[1])
+loader = importlib.machinery.ExtensionFileLoader("blockprep._engine._kernel", sys.argv[1])
 module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
 loader.exec_module(module)
 {helpers}

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
+from blockprep._engine import TWIN_COST
 from blockprep.adapters.deepseek import GROUP_NAMES, DeepSeekV4DecodePreparer, DeepSeekV4Layout
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.batch import DecodeBatch
-from blockprep.engine import TWIN_COST
 from blockprep.wire import BlockDeltaEncoder, DeltaSequenceError
 
 
@@ -167,12 +167,12 @@ FALLBACK = """
                 return None
         sys.meta_path.insert(0, NoKernel())
     import blockprep
-    from blockprep import backend
-    print("backend", blockprep.kernel_backend(), backend.diff_lists and "compiled")
+    from blockprep import _backend
+    print("backend", blockprep.kernel_backend(), _backend.diff_lists and "compiled")
 """
 
 
-@pytest.mark.parametrize("blocked", ["blockprep.engine._kernel", "blockprep._differ"])
+@pytest.mark.parametrize("blocked", ["blockprep._engine._kernel", "blockprep._differ"])
 def test_the_fallback_warns_once_at_import_unless_forced(blocked: str) -> None:
     """Either compiled module missing: the twin runs everywhere (one backend), and importing
     blockprep says so once, as a ``RuntimeWarning`` shown with no logging set up: why, what it

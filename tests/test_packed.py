@@ -67,7 +67,7 @@ def test_pack_refuses_bad_records(record):
 
 # --- index_records: the compiled index and its twin ---------------------------------------------
 
-compiled = pytest.importorskip("blockprep.engine._kernel")
+compiled = pytest.importorskip("blockprep._engine._kernel")
 
 
 def _outcome(function, *args):

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from blockprep import DecodeBatch
+from blockprep.adapters._qwen_deltas import request_index
 from blockprep.adapters.qwen import QwenDecodePreparer
-from blockprep.adapters.qwen_deltas import request_index
 from blockprep.reference import QwenDecodePrep97
 from blockprep.wire import BlockDeltaEncoder, DeltaMessageError, DeltaSequenceError
 

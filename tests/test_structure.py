@@ -21,7 +21,7 @@ KERNEL_FUNCTIONS = {
     "paged_step",
     "step_slots",
 }
-"""The compiled ``blockprep.engine._kernel`` module's public functions."""
+"""The compiled ``blockprep._engine._kernel`` module's public functions."""
 
 KERNEL_METHODS = {
     "apply_row",
@@ -131,7 +131,7 @@ def test_no_module_over_700_lines(path: Path) -> None:
 
 
 def test_the_kernel_surface_is_pinned() -> None:
-    kernel = pytest.importorskip("blockprep.engine._kernel")
+    kernel = pytest.importorskip("blockprep._engine._kernel")
     differ = pytest.importorskip("blockprep._differ")
 
     def public(obj: object) -> set[str]:

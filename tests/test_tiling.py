@@ -11,7 +11,7 @@ import torch
 
 from blockprep import paged_block_table, ring_block_table
 from blockprep import reference as ref
-from blockprep.tiling import tile_row, tile_rows
+from blockprep._tiling import tile_row, tile_rows
 
 
 # Rows x widths x ring lengths below reach both constructions of tile_rows: the broadcast (for

@@ -27,8 +27,9 @@ import numpy.typing as npt
 import torch
 
 from blockprep import log
-from blockprep.adapters.qwen_abi import QwenDecodeInputs as QwenDecodeInputs  # re-exported
-from blockprep.adapters.qwen_batch import (
+from blockprep._engine import BACKEND, kernel_buffer, paged_step, step_slots
+from blockprep._ids import INT32_MAX, as_int
+from blockprep.adapters._qwen_batch import (
     INTEGER_DTYPES,
     adopted_buffers,
     check_integer_dtype,
@@ -39,8 +40,9 @@ from blockprep.adapters.qwen_batch import (
     rows_of,
     tensor_values,
 )
-from blockprep.adapters.qwen_deltas import DeltaStep, delta_step
-from blockprep.adapters.qwen_verify import check_against_rebuild, verified_lists
+from blockprep.adapters._qwen_deltas import DeltaStep, delta_step
+from blockprep.adapters._qwen_verify import check_against_rebuild, verified_lists
+from blockprep.adapters.qwen_abi import QwenDecodeInputs as QwenDecodeInputs  # re-exported
 from blockprep.batch import DecodeBatch, DecodeExecutor, DecodeResult
 from blockprep.block_table import BlockTable
 from blockprep.buffers import (
@@ -50,9 +52,7 @@ from blockprep.buffers import (
     torch_device,
     wait_host_free,
 )
-from blockprep.engine import BACKEND, kernel_buffer, paged_step, step_slots
 from blockprep.errors import BlockprepValueError
-from blockprep.ids import INT32_MAX, as_int
 from blockprep.reference import QwenDecodePrep97
 from blockprep.slots import decode_slot
 from blockprep.tokens import PaddedTokenBuffer
@@ -69,7 +69,7 @@ at ``9b1a264``), or ``"untouched"`` (upstream's newer dynamic-batch kernel, hand
 
 
 COMPILED = BACKEND == "c"
-"""Whether the small delta path takes ``engine.paged_step``: compiled, one call beats the row
+"""Whether the small delta path takes ``_engine.paged_step``: compiled, one call beats the row
 checks and writes it replaces; the twin's (its specification, tested against it) costs more than
 the general path, which the pure-Python fallback keeps."""
 

@@ -34,9 +34,9 @@ from types import MappingProxyType
 
 import torch
 
+from blockprep._ids import as_int
 from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
 from blockprep.errors import BlockprepValueError
-from blockprep.ids import as_int
 
 
 @dataclass(frozen=True)

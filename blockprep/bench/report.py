@@ -13,9 +13,9 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from blockprep._engine import kernel_backend
 from blockprep.bench.base import CONSTRUCTIONS
 from blockprep.bench.runner import BASELINE, FIX, Result
-from blockprep.engine import kernel_backend
 
 SPREAD_LIMIT = 1.5
 """An upstream rebuild's p90/p10 per step above this says the machine was too noisy to trust."""

@@ -20,12 +20,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from blockprep._ids import as_int
 from blockprep.errors import (
     BlockprepRuntimeError,
     BlockprepTypeError,
     BlockprepValueError,
 )
-from blockprep.ids import as_int
 
 NPU_PACKAGE = "torch_npu"
 """The package that registers torch's ``"npu"`` device (Ascend's PyTorch backend). blockprep

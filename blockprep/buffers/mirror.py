@@ -7,13 +7,13 @@ from typing import Protocol
 
 import torch
 
+from blockprep._ids import as_int
 from blockprep.buffers.host import torch_device
 from blockprep.errors import (
     BlockprepIndexError,
     BlockprepTypeError,
     BlockprepValueError,
 )
-from blockprep.ids import as_int
 
 
 class MirrorFence(Protocol):

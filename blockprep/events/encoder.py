@@ -7,7 +7,7 @@ from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from blockprep import backend
+from blockprep import _backend
 from blockprep.errors import BlockprepValueError
 from blockprep.events.common import ID_LIMIT, bad_id, check_resync, checked_groups, payload, place
 from blockprep.packed import (
@@ -76,8 +76,8 @@ class PackedDeltaEncoder:
         (flat or these groups) or an id outside ``[0, 2**31)``.
         """
         check_batch(request_ids, block_lists)
-        if backend.diff_lists is not None:  # compiled; None: a step it does not take
-            done = backend.diff_lists(self._held, request_ids, block_lists, self._groups)
+        if _backend.diff_lists is not None:  # compiled; None: a step it does not take
+            done = _backend.diff_lists(self._held, request_ids, block_lists, self._groups)
             if done is not None:
                 data, count, self._held = done
                 return self._sent(count, data)

@@ -8,7 +8,7 @@ from array import array
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, cast
 
-from blockprep.engine import differing_rows
+from blockprep._engine import differing_rows
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 from blockprep.events.common import (
     ID_LIMIT,

@@ -32,6 +32,9 @@ from typing import Any, Protocol
 import torch
 
 from blockprep import forks, log
+from blockprep._ids import as_int
+from blockprep.adapters.deepseek._lifecycle import slot_number
+from blockprep.adapters.deepseek._preparer import DeepSeekV4DecodeInputs, DeepSeekV4DecodePreparer
 from blockprep.adapters.deepseek.abi import (
     DEEPSEEK_V4_DECODE_ARGUMENTS,
     DEEPSEEK_V4_DECODE_KERNEL,
@@ -39,8 +42,6 @@ from blockprep.adapters.deepseek.abi import (
     deepseek_v4_argument_values,
     deepseek_v4_prepared_arguments,
 )
-from blockprep.adapters.deepseek.lifecycle import slot_number
-from blockprep.adapters.deepseek.preparer import DeepSeekV4DecodeInputs, DeepSeekV4DecodePreparer
 from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
 from blockprep.adapters.qwen import QwenDecodePreparer
 from blockprep.adapters.qwen_abi import (
@@ -56,7 +57,6 @@ from blockprep.errors import (
     BlockprepTypeError,
     BlockprepValueError,
 )
-from blockprep.ids import as_int
 
 __all__ = [
     "DeepSeekV4PendingDecode",

@@ -7,14 +7,15 @@ padding rules and error messages. The tables live in a :class:`~blockprep.groupe
 (one row per ``rank * decode_batch + local`` kernel row, keyed by request id), so a step costs what
 changed since the latest step of any slot and every buffer still equals upstream's full rebuild
 (:func:`blockprep.reference.deepseek_v4_decode_rebuild`). This package holds only what is
-DeepSeek's: ``layout`` (groups, widths, ring lengths, scratch pages), ``assignment`` (ranks and
-local rows), ``checks`` (upstream's block-id checks in upstream's order), ``rows`` (a step's
-token and position rows, lengths and hidden states, with upstream's checks), ``inputs`` (the
-record a step returns), ``dynamic`` (the writes of the buffers besides the tables),
-``lifecycle`` (buffer slots, their buffers and locks, what a slot holds), ``tables`` (binding
-and planning the tables), ``verify`` (verify mode), ``mtp`` (accepted drafts, the speculative
-batch), ``preparer`` (:class:`DeepSeekV4DecodePreparer`, the step) and ``abi`` (upstream's
-recorded ``l3_decode_fwd`` arguments: names, positions, shapes, dtypes).
+DeepSeek's: the public modules ``layout`` (groups, widths, ring lengths, scratch pages) and
+``abi`` (upstream's recorded ``l3_decode_fwd`` arguments: names, positions, shapes, dtypes); and
+the internal ones ``_assignment`` (ranks and local rows), ``_checks`` (upstream's block-id checks
+in upstream's order), ``_rows`` (a step's token and position rows, lengths and hidden states,
+with upstream's checks), ``_inputs`` (the record a step returns), ``_dynamic`` (the writes of the
+buffers besides the tables), ``_lifecycle`` (buffer slots, their buffers and locks, what a slot
+holds), ``_tables`` (binding and planning the tables), ``_verify`` (verify mode), ``_mtp``
+(accepted drafts, the speculative batch) and ``_preparer`` (:class:`DeepSeekV4DecodePreparer`,
+the step), whose public names are exported here.
 
 Upstream's life cycle (pypto-runtime.md section 5): the buffers are named as the kernel's
 arguments and may be upstream's own (``buffers=``); they are allocated in shared memory by default,
@@ -34,6 +35,17 @@ cache and record as it was. Deliberate differences from upstream:
   first failing (rank, group, local row) in upstream's order is the one reported.
 """
 
+from blockprep.adapters.deepseek._mtp import accept_mtp_tokens
+from blockprep.adapters.deepseek._preparer import (
+    HOST_HIDDEN_MESSAGE,
+    MTP_PREVIOUS_MESSAGE,
+    PARTITIONS_MESSAGE,
+    REQUEST_ORDER_MESSAGE,
+    DeepSeekV4DecodeInputs,
+    DeepSeekV4DecodePreparer,
+    Embedding,
+    SlotBusyError,
+)
 from blockprep.adapters.deepseek.layout import (
     COMPILED_SOURCE_BLOCKS,
     CSA_COMPRESS_RATIO,
@@ -49,17 +61,6 @@ from blockprep.adapters.deepseek.layout import (
     DeepSeekV4CacheGroup,
     DeepSeekV4Layout,
     deepseek_v4_decode_layout,
-)
-from blockprep.adapters.deepseek.mtp import accept_mtp_tokens
-from blockprep.adapters.deepseek.preparer import (
-    HOST_HIDDEN_MESSAGE,
-    MTP_PREVIOUS_MESSAGE,
-    PARTITIONS_MESSAGE,
-    REQUEST_ORDER_MESSAGE,
-    DeepSeekV4DecodeInputs,
-    DeepSeekV4DecodePreparer,
-    Embedding,
-    SlotBusyError,
 )
 
 __all__ = [

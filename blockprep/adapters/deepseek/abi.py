@@ -39,7 +39,7 @@ from blockprep.adapters.kernel_abi import ArgSpec, build_arguments
 from blockprep.errors import BlockprepTypeError, BlockprepValueError
 
 if TYPE_CHECKING:
-    from blockprep.adapters.deepseek.inputs import DeepSeekV4DecodeInputs
+    from blockprep.adapters.deepseek._inputs import DeepSeekV4DecodeInputs
 
 DEEPSEEK_V4_DECODE_KERNEL = "l3_decode_fwd"
 """The compiled packed all-layer decode callable (``modules["decode_fwd"].l3_decode_fwd``)."""
@@ -148,7 +148,7 @@ argument built from its ids (``static_values`` in ``_prepare_decode_inputs``, np
 and so on; ``ori`` through ``paged_ori_block_table_from_ids``)."""
 
 INPUT_ARGUMENTS: Mapping[str, str] = MappingProxyType({name: name for name in INPUT_FIELDS})
-""":class:`~blockprep.adapters.deepseek.inputs.DeepSeekV4DecodeInputs` buffer field (besides the
+""":class:`~blockprep.adapters.deepseek._inputs.DeepSeekV4DecodeInputs` buffer field (besides the
 tables) -> kernel argument name: upstream's slot names, which blockprep's fields share
 (``block_counts``, ``input_ids``, ``position_ids``, ``kv_seq_lens``, ``num_tokens_per_owner``,
 ``logit_row_indices``)."""

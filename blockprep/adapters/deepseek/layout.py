@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Literal
 
+from blockprep._ids import INT32_MAX, as_int
 from blockprep.errors import BlockprepRuntimeError, BlockprepTypeError, BlockprepValueError
-from blockprep.ids import INT32_MAX, as_int
 
 GROUP_NAMES = (
     "ori",

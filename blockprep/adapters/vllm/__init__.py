@@ -9,7 +9,7 @@ row and the value and leaves table, counts and caches as they were), rows past t
 hold 0, :meth:`VllmBlockTable.apply_step` applies a whole scheduler step's row operations in a
 few NumPy calls, and :meth:`VllmBlockTable.apply_packed` a step sent as a :mod:`blockprep.packed`
 message, its payload read in place by the table kernel (the step's checks and the packed path:
-:mod:`blockprep.adapters.vllm.steps`). The differences from vLLM are listed in
+:mod:`blockprep.adapters.vllm._steps`). The differences from vLLM are listed in
 :class:`VllmBlockTable`'s docstring.
 
 Example::
@@ -22,7 +22,7 @@ Example::
     table.compute_slot_mapping(np.array([0, 0]), np.array([15, 40]))  # [7*16+15, 9*16+8]
 """
 
-from blockprep.adapters.vllm.groups import VllmMultiGroupBlockTable
-from blockprep.adapters.vllm.table import PAD_SLOT_ID, VllmBlockTable
+from blockprep.adapters.vllm._groups import VllmMultiGroupBlockTable
+from blockprep.adapters.vllm._table import PAD_SLOT_ID, VllmBlockTable
 
 __all__ = ["PAD_SLOT_ID", "VllmBlockTable", "VllmMultiGroupBlockTable"]
