@@ -66,5 +66,5 @@ __all__ = [
     "paged_slot_mapping",
     "ring_block_table",
 ]
-__version__ = "0.3.0.dev0"
+__version__ = "0.3.0"
 """The version, PEP 440 (``pip show blockprep`` and ``blockprep --version`` say the same)."""

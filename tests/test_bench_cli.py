@@ -511,6 +511,8 @@ def test_version_names_the_kernel_and_the_versions_under_it(capsys: Any) -> None
 def test_one_version_in_the_changelog_and_the_package() -> None:
     import re
 
+    from datetime import date
+
     from packaging.version import Version
 
     import blockprep
@@ -518,6 +520,10 @@ def test_one_version_in_the_changelog_and_the_package() -> None:
     changelog = ROOT / "CHANGELOG.md"
     if not changelog.exists():
         pytest.skip("CHANGELOG.md is in the repository, not the sdist")
-    top = re.search(r"^## (\S+)", changelog.read_text(), flags=re.MULTILINE)
+    top = re.search(r"^## (\S+) \((.+)\)$", changelog.read_text(), flags=re.MULTILINE)
     assert top is not None
-    assert Version(top.group(1)).base_version == Version(blockprep.__version__).base_version
+    if top.group(2) == "unreleased":  # the next release, under way: a development version of it
+        assert Version(top.group(1)).base_version == Version(blockprep.__version__).base_version
+    else:  # a release, dated: that version exactly
+        assert Version(top.group(1)) == Version(blockprep.__version__)
+        date.fromisoformat(top.group(2))
