@@ -20,6 +20,7 @@ import gc
 import os
 import subprocess
 import sys
+from typing import Any
 
 import torch
 
@@ -46,20 +47,31 @@ def kinds_of(items: list) -> list[str]:
     return kinds
 
 
-def main() -> None:
-    name, kind, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    if kind not in KINDS:
-        raise SystemExit(f"KIND must be one of {', '.join(KINDS)}, got {kind!r}")
+def prepared(name: str, steps: int, kind: str) -> tuple[Any, list[tuple[Any, bool]]]:
+    """Workload ``name``'s blockprep construction and its trace's ``steps`` items, received, each
+    with whether it is a step of ``kind`` from the fifth on (``all``: every one); the
+    instrumentation then on (under callgrind) and the garbage collector off."""
     torch.set_num_threads(1)
     workload = workloads.standard_workloads()[name]
     stepper = workload.constructions["blockprep"]()
     received = [stepper.receive(item) for item in workload.trace(steps, 0)]
-    kinds = kinds_of(received)
+    chosen = [
+        k >= 5 and (kind in ("all", its) or (kind == "churn" and its.startswith("churn")))
+        for k, its in enumerate(kinds_of(received))
+    ]
     subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
     gc.disable()
+    return stepper, list(zip(received, chosen, strict=True))
+
+
+def main() -> None:
+    name, kind, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if kind not in KINDS:
+        raise SystemExit(f"KIND must be one of {', '.join(KINDS)}, got {kind!r}")
+    stepper, steps_chosen = prepared(name, steps, kind)
     counted = 0
-    for k, (item, its) in enumerate(zip(received, kinds, strict=True)):
-        if k >= 5 and (its == kind or (kind == "churn" and its.startswith("churn"))):
+    for item, chosen in steps_chosen:
+        if chosen:
             functools.reduce(lambda done, x: (stepper.step(x), done)[1], [item], 0)
             counted += 1
         else:

@@ -15,25 +15,18 @@ place events are collected, on the trace's steps of ``KIND`` (``all``, or a kind
 ``bench/callgrind_churn.py``) from the fifth on, and as itself elsewhere.
 """
 
-import gc
 import importlib
 import operator
-import os
-import subprocess
 import sys
 from typing import Any
 
-import torch
-from callgrind_churn import KINDS, kinds_of  # beside this script
-
-from blockprep.bench import workloads
+from callgrind_churn import KINDS, prepared  # beside this script
 
 
 def main() -> None:
     name, kind, steps, target = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if kind not in ("all", *KINDS):
         raise SystemExit(f"KIND must be all or one of {', '.join(KINDS)}, got {kind!r}")
-    torch.set_num_threads(1)
     module, _, qualname = target.partition(":")
     *path, attribute = qualname.split(".")
     owner: Any = importlib.import_module(module)
@@ -44,17 +37,9 @@ def main() -> None:
     def counted(*args: Any, **kwargs: Any) -> Any:
         return operator.call(function, *args, **kwargs)
 
-    workload = workloads.standard_workloads()[name]
-    stepper = workload.constructions["blockprep"]()
-    received = [stepper.receive(item) for item in workload.trace(steps, 0)]
-    kinds = kinds_of(received)
-    subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
-    gc.disable()
+    stepper, steps_chosen = prepared(name, steps, kind)
     total = 0
-    for k, (item, its) in enumerate(zip(received, kinds, strict=True)):
-        chosen = k >= 5 and (
-            kind == "all" or its == kind or (kind == "churn" and its.startswith("churn"))
-        )
+    for item, chosen in steps_chosen:
         setattr(owner, attribute, counted if chosen else function)
         stepper.step(item)
         total += chosen

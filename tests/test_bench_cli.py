@@ -510,7 +510,6 @@ def test_version_names_the_kernel_and_the_versions_under_it(capsys: Any) -> None
 
 def test_one_version_in_the_changelog_and_the_package() -> None:
     import re
-
     from datetime import date
 
     from packaging.version import Version
