@@ -413,9 +413,18 @@ static long long render(GroupKernel *self, Py_ssize_t slot, int32_t *table, Py_s
     return cells;
 }
 
-/* Check every record of a plan (bounds of every field) before anything is written. */
-static int check_plan(GroupKernel *self, const int32_t *rec, Py_ssize_t total)
+/* The records of plan, a plan this kernel staged (bytes of int32 records), every field checked
+ * in bounds before anything is written; their count of words in *total. NULL with TypeError
+ * (not such bytes) or ValueError (a record out of bounds). */
+static const int32_t *checked_plan(GroupKernel *self, PyObject *plan, Py_ssize_t *total_out)
 {
+    if (!PyBytes_CheckExact(plan) || PyBytes_GET_SIZE(plan) % sizeof(int32_t)) {
+        PyErr_SetString(PyExc_TypeError, "plan must be a plan this kernel staged");
+        return NULL;
+    }
+    const int32_t *rec = (const int32_t *)PyBytes_AS_STRING(plan);
+    const Py_ssize_t total = PyBytes_GET_SIZE(plan) / (Py_ssize_t)sizeof(int32_t);
+    *total_out = total;
     Py_ssize_t at = 0;
     while (at < total) {
         if (total - at < HEADER)
@@ -440,10 +449,10 @@ static int check_plan(GroupKernel *self, const int32_t *rec, Py_ssize_t total)
         }
         at += HEADER + n;
     }
-    return 0;
+    return rec;
 bad:
     PyErr_SetString(PyExc_ValueError, "plan is not one this kernel staged");
-    return -1;
+    return NULL;
 }
 
 /* commit's (rows written, cells written, the rows or None); NULL with an exception. */
@@ -488,13 +497,9 @@ static PyObject *kernel_commit(GroupKernel *self, PyObject *const *args, Py_ssiz
     Py_ssize_t groups = counts.shape[1];
     if (bk_int_arg(column_obj, "column", 0, groups, &column) < 0)
         goto done;
-    if (!PyBytes_CheckExact(plan) || PyBytes_GET_SIZE(plan) % sizeof(int32_t)) {
-        PyErr_SetString(PyExc_TypeError, "plan must be a plan this kernel staged");
-        goto done;
-    }
-    const int32_t *rec = (const int32_t *)PyBytes_AS_STRING(plan);
-    Py_ssize_t total = PyBytes_GET_SIZE(plan) / (Py_ssize_t)sizeof(int32_t);
-    if (check_plan(self, rec, total) < 0)
+    Py_ssize_t total;
+    const int32_t *rec = checked_plan(self, plan, &total);
+    if (!rec)
         goto done;
     if (want_rows && !(written = PyList_New(0)))
         goto done;
@@ -616,13 +621,9 @@ static PyObject *kernel_forget(GroupKernel *self, PyObject *arg)
 
 static PyObject *kernel_rows_of(GroupKernel *self, PyObject *plan)
 {
-    if (!PyBytes_CheckExact(plan) || PyBytes_GET_SIZE(plan) % sizeof(int32_t)) {
-        PyErr_SetString(PyExc_TypeError, "plan must be a plan this kernel staged");
-        return NULL;
-    }
-    const int32_t *rec = (const int32_t *)PyBytes_AS_STRING(plan);
-    Py_ssize_t total = PyBytes_GET_SIZE(plan) / (Py_ssize_t)sizeof(int32_t);
-    if (check_plan(self, rec, total) < 0)
+    Py_ssize_t total;
+    const int32_t *rec = checked_plan(self, plan, &total);
+    if (!rec)
         return NULL;
     PyObject *out = PyList_New(0);
     for (Py_ssize_t at = 0; out && at < total; at += HEADER + rec[at + 1]) {
