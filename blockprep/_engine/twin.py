@@ -559,7 +559,7 @@ class GroupKernel(RowChanges):
 
     def _check_plan(self, plan: list[Any]) -> None:
         """``ValueError`` unless every change is a row of this kernel, a list of ids, a mark
-        whose positions fit the width and a bool (the compiled ``check_plan``'s bounds)."""
+        whose positions fit the width and a bool (the compiled ``checked_plan``'s bounds)."""
         for change in plan:
             if not (
                 type(change) is tuple
