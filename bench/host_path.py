@@ -1,4 +1,4 @@
-"""``python -m bench.host_path``: the whole host path of a decode step (issue 17).
+"""``python -m bench.host_path``: the whole host path of a decode step.
 
 Each step of a scheduler trace goes through every option's three stages, timed apart:
 
@@ -493,7 +493,7 @@ TARGETS: tuple[tuple[str, str, str, str, float], ...] = (
     (DS, "differ", "blocks", "<=", 6000),
     (QWEN_256, "recorder", "ratio", ">=", 10),
 )
-"""(workload, option, figure, comparison, target): issue 17's targets, reported, not asserted;
+"""(workload, option, figure, comparison, target): the targets, reported, not asserted;
 figure ``ratio`` (whole step against upstream), ``engine`` (us) or ``blocks`` (the message's
 bytes carrying blocks: the rest, the envelope, is upstream's own per-request fields)."""
 

@@ -25,7 +25,7 @@ Timing as ``python -m blockprep bench`` does it: garbage collector off, one torc
 constructions interleaved round by round (round ``k`` starts with construction ``k % 3``), each
 step timed alone; per shape the median of the runs' medians, p10-p90 over every run's steps, and
 the ratios per-row / vllm, batched / vllm and packed / vllm (median over runs of each run's ratio
-of medians). Targets (issue 16's): per-row <= 0.5x, batched <= 0.2x (packed: reported). The batched
+of medians). Targets: per-row <= 0.5x, batched <= 0.2x (packed: reported). The batched
 construction calls ``apply_step`` with the step's fields as keywords, as a worker does.
 """
 
