@@ -1,15 +1,15 @@
-"""Where an interleaved DeepSeek V4 step goes that is not the preparer's Python.
+"""Where an interleaved DeepSeek V4 step's time goes, part by part.
 
 Usage (from a directory that holds no ``blockprep``)::
 
-    python /work/main/bench/step_parts.py deepseek-v4-wire-delta
+    python REPO/bench/step_parts.py deepseek-v4-wire-delta
 
 Runs the workload's trace as the bench interleaves it (upstream's pre-fix step, then
 blockprep's, round by round, one torch thread, the garbage collector off) and times, inside
-each blockprep step, the table kernel's calls (``stage``, ``commit``, the
-message index), the torch reads (``tensor.numpy()`` of the lengths and tokens) and the dynamic
-inputs' write. Prints the median step and each part's median over the steps: their sum is a
-floor that no rewrite of the Python around them can go below (the timers add a little).
+each blockprep step, the table kernel's calls (``stage``, ``commit``), the wire message's walk
+by group, the torch reads (``tensor.numpy()`` of the lengths and tokens) and the dynamic
+inputs' write. Prints the median step and each part's median over the steps (the timers add a
+little).
 """
 
 from __future__ import annotations
